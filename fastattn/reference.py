@@ -113,7 +113,11 @@ def log_softmax(x, axis=-1):
         if a.shape[-1] == 0:
             return np.zeros(a.shape)
         with np.errstate(all="ignore"):
-            out = a - np.where(empty, 0.0, lse)[..., None]
+            # (x - max) - log(sum(exp(x - max))): avoids cancellation in x - lse
+            m = np.max(a, axis=-1, keepdims=True)
+            m = np.where(np.isfinite(m), m, 0.0)
+            sh = a - m
+            out = sh - np.log(np.sum(np.exp(sh), axis=-1, keepdims=True))
         out = np.where(empty[..., None], -np.inf, out)
         out = np.where(np.isnan(lse)[..., None], np.nan, out)
         return out
