@@ -60,12 +60,16 @@ def rms_rel_err(a, ref):
     fin = np.isfinite(ref)
     if not fin.any():
         return 0.0
-    d = a[fin] - ref[fin]
-    num = np.sqrt(np.mean(d * d))
-    den = np.sqrt(np.mean(ref[fin] ** 2))
-    if den < 1e-300:
-        return float(num)
-    return float(num / den)
+    r = ref[fin]
+    d = a[fin] - r
+    if not np.isfinite(d).all():
+        return float("inf")
+    big = float(np.max(np.abs(r)))
+    if big < 1e-300:  # all-zero reference: absolute RMS error
+        return float(np.sqrt(np.mean(d * d)))
+    d = d / big  # rescale to avoid overflow/underflow in the squares
+    r = r / big
+    return float(np.sqrt(np.mean(d * d)) / np.sqrt(np.mean(r * r)))
 
 
 def assert_close(actual, ref, dtype=None, tol=None, what="result"):

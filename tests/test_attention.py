@@ -1,0 +1,290 @@
+"""Differential tests of fastattn.attention against the float64 reference.
+
+Shapes (odd lengths around tile sizes, long Lk with short Lq, many head dims,
+broadcast batch dims), memory layouts, dtypes, thread determinism, input
+immutability and ``out=``.  Torch comparisons run only where torch is importable.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import fastattn
+from conftest import (LAYOUTS, assert_close, assert_unchanged, compute_dtype, expected_dtype,
+                      make_layout, randn, reference as R, snapshot)
+
+FLOATS = [np.float32, np.float64]
+
+
+@pytest.fixture(autouse=True)
+def _warnings_are_errors():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+# (q batch, k batch, v batch, Lq, Lk, Dk, Dv)
+SHAPES = [
+    ((), (), (), 1, 1, 1, 1),
+    ((2,), (2,), (2,), 3, 17, 2, 5),
+    ((2, 3), (2, 3), (2, 3), 63, 65, 64, 64),
+    ((1, 2), (1, 2), (1, 2), 127, 129, 80, 80),
+    ((2,), (2,), (2,), 65, 63, 96, 32),
+    ((1,), (1,), (1,), 129, 127, 128, 128),
+    ((), (), (), 17, 1000, 256, 256),
+    ((2,), (2,), (2,), 4, 8192, 64, 64),
+    ((), (), (), 1, 8192, 128, 128),
+    ((), (), (), 1000, 1000, 64, 64),
+    ((3,), (3,), (3,), 33, 1, 16, 8),
+    ((2,), (2,), (2,), 1, 33, 8, 16),
+    ((2, 3), (1, 3), (3,), 20, 31, 32, 32),
+    ((4,), (), (), 9, 15, 24, 12),
+    ((), (2, 2), (2, 2), 5, 7, 3, 9),
+    ((2, 1), (1, 3), (1, 3), 6, 11, 16, 16),
+    ((1,), (1,), (1,), 256, 64, 32, 1),
+    ((2,), (2,), (2,), 3, 1025, 2, 2),
+]
+
+
+def _ids(s):
+    return f"q{s[0]}k{s[1]}v{s[2]}-Lq{s[3]}-Lk{s[4]}-D{s[5]}-Dv{s[6]}".replace(" ", "")
+
+
+def _make(rng, shape, dtype):
+    qb, kb, vb, Lq, Lk, Dk, Dv = shape
+    q = randn(rng, qb + (Lq, Dk), dtype)
+    k = randn(rng, kb + (Lk, Dk), dtype)
+    v = randn(rng, vb + (Lk, Dv), dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+def test_vs_reference(shape, dtype, causal, rng):
+    q, k, v = _make(rng, shape, dtype)
+    out = fastattn.attention(q, k, v, causal=causal)
+    want = R.attention(q, k, v, causal=causal)
+    assert out.dtype == dtype
+    assert out.shape == want.shape
+    assert_close(out, want, dtype)
+
+
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3], SHAPES[12]], ids=_ids)
+def test_vs_reference_with_lse(shape, rng):
+    for dtype in FLOATS:
+        q, k, v = _make(rng, shape, dtype)
+        out, lse = fastattn.attention(q, k, v, return_lse=True)
+        want, want_lse = R.attention(q, k, v, return_lse=True)
+        assert lse.dtype == dtype and lse.shape == want_lse.shape
+        assert_close(out, want, dtype)
+        assert_close(lse, want_lse, dtype)
+
+
+@pytest.mark.parametrize("scale", [0.0, 1.0, 0.01, -0.5, 3.0])
+def test_explicit_scale(scale, rng):
+    q, k, v = _make(rng, ((2,), (2,), (2,), 13, 40, 16, 8), np.float64)
+    assert_close(fastattn.attention(q, k, v, scale=scale), R.attention(q, k, v, scale=scale), np.float64)
+
+
+def test_large_scores_stable(rng):
+    """Scores in the thousands: online softmax must not overflow."""
+    for dtype in FLOATS:
+        q, k, v = _make(rng, ((), (), (), 31, 300, 32, 8), dtype)
+        out = fastattn.attention(q, k, v, scale=50.0)
+        want = R.attention(q, k, v, scale=50.0)
+        assert np.isfinite(out).all()
+        assert_close(out, want, dtype)
+
+
+# ------------------------------------------------------------------ dtypes
+DTYPE_CASES = [
+    (np.float16, np.float16, np.float16),
+    (np.float32, np.float32, np.float32),
+    (np.float64, np.float64, np.float64),
+    (np.int64, np.int64, np.int64),
+    (np.int32, np.int32, np.int32),
+    (np.bool_, np.bool_, np.bool_),
+    (np.float32, np.float64, np.float32),
+    (np.float16, np.float32, np.float32),
+    (np.float16, np.float16, np.float32),
+    (np.int64, np.float32, np.float32),
+    (np.int8, np.float64, np.float64),
+    (np.uint8, np.uint8, np.float64),
+]
+
+
+@pytest.mark.parametrize("dq,dk,dv", DTYPE_CASES, ids=lambda d: np.dtype(d).name)
+def test_dtypes(dq, dk, dv, rng):
+    Lq, Lk, D, Dv = 23, 77, 40, 24
+    q = randn(rng, (2, Lq, D), dq)
+    k = randn(rng, (2, Lk, D), dk)
+    v = randn(rng, (2, Lk, Dv), dv)
+    want_dtype = expected_dtype(q, k, v)
+    out, lse = fastattn.attention(q, k, v, return_lse=True)
+    assert out.dtype == want_dtype, f"output dtype {out.dtype} != {want_dtype}"
+    assert lse.dtype == compute_dtype(want_dtype), f"lse dtype {lse.dtype}"
+    want = R.attention(q, k, v)
+    assert_close(out, want, want_dtype)
+
+
+def test_float16_computes_in_float32(rng):
+    """float16 in, float16 out; accuracy of a float32 computation rounded once to float16."""
+    q = randn(rng, (4, 100, 64), np.float16)
+    k = randn(rng, (4, 300, 64), np.float16)
+    v = randn(rng, (4, 300, 64), np.float16)
+    out = fastattn.attention(q, k, v)
+    assert out.dtype == np.float16
+    want = R.attention(q, k, v)
+    # a float16 accumulation would be far worse than the rounding of the final result
+    err = np.sqrt(np.mean((out.astype(np.float64) - want) ** 2)) / np.sqrt(np.mean(want ** 2))
+    assert err < 1e-3
+    # and matches the float32 path rounded to float16 closely
+    o32 = fastattn.attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32))
+    np.testing.assert_allclose(out.astype(np.float32), o32.astype(np.float16).astype(np.float32),
+                               rtol=2e-3, atol=2e-3)
+
+
+def test_python_lists_accepted():
+    q = [[1.0, 0.0], [0.0, 1.0]]
+    k = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
+    v = [[1.0], [2.0], [3.0]]
+    out = fastattn.attention(q, k, v)
+    assert out.dtype == np.float64
+    assert_close(out, R.attention(q, k, v), np.float64)
+
+
+# ------------------------------------------------------------------ layouts
+@pytest.mark.parametrize("layout", LAYOUTS + ["memmap"])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_layouts(layout, dtype, rng, tmp_path):
+    q0 = randn(rng, (2, 3, 37, 64), dtype)
+    k0 = randn(rng, (2, 3, 70, 64), dtype)
+    v0 = randn(rng, (2, 3, 70, 48), dtype)
+    q, k, v = (make_layout(a, layout, tmp_path) for a in (q0, k0, v0))
+    snaps = snapshot(q, k, v)
+    out, lse = fastattn.attention(q, k, v, causal=True, return_lse=True)
+    want, want_lse = R.attention(q0, k0, v0, causal=True, return_lse=True)
+    assert_close(out, want, dtype)
+    assert_close(lse, want_lse, dtype)
+    assert_unchanged((q, k, v), snaps)
+    # same result as the contiguous call
+    c = fastattn.attention(np.ascontiguousarray(q0), np.ascontiguousarray(k0), np.ascontiguousarray(v0),
+                           causal=True)
+    assert_close(out, c, dtype)
+
+
+def test_transposed_blhd_views(rng):
+    """q/k/v given as (B, H, L, D) views of (B, L, H, D) buffers (a common layout)."""
+    B, L, H, D = 2, 45, 4, 32
+    for dtype in FLOATS:
+        buf_q = randn(rng, (B, L, H, D), dtype)
+        buf_k = randn(rng, (B, L + 7, H, D), dtype)
+        buf_v = randn(rng, (B, L + 7, H, D), dtype)
+        q, k, v = (x.transpose(0, 2, 1, 3) for x in (buf_q, buf_k, buf_v))
+        assert not q.flags.c_contiguous
+        out = fastattn.attention(q, k, v)
+        assert out.shape == (B, H, L, D)
+        assert_close(out, R.attention(q, k, v), dtype)
+
+
+def test_mixed_layouts_and_strange_strides(rng, tmp_path):
+    q0 = randn(rng, (3, 29, 16), np.float32)
+    k0 = randn(rng, (3, 41, 16), np.float32)
+    v0 = randn(rng, (3, 41, 8), np.float32)
+    q = make_layout(q0, "transposed")
+    k = make_layout(k0, "negative")
+    v = make_layout(v0, "memmap", tmp_path)
+    snaps = snapshot(q, k, v)
+    assert_close(fastattn.attention(q, k, v), R.attention(q0, k0, v0), np.float32)
+    assert_unchanged((q, k, v), snaps)
+    # zero strides from broadcast_to (read-only views)
+    kb = np.broadcast_to(k0[:1], (3, 41, 16))
+    assert_close(fastattn.attention(q0, kb, v0), R.attention(q0, kb, v0), np.float32)
+    # a single column of a bigger array (element stride != 1 in the last axis)
+    big = randn(rng, (3, 41, 16, 2), np.float32)
+    ks = big[..., 0]
+    assert_close(fastattn.attention(q0, ks, v0), R.attention(q0, ks, v0), np.float32)
+
+
+def test_inputs_unchanged_with_all_options(rng):
+    q = randn(rng, (2, 4, 17, 8), np.float64)
+    k = randn(rng, (2, 2, 19, 8), np.float64)
+    v = randn(rng, (2, 2, 19, 5), np.float64)
+    mask = rng.random((17, 19)) < 0.8
+    bias = randn(rng, (4, 17, 19), np.float64)
+    lens = np.array([[19], [5]])
+    slopes = np.array([0.1, 0.2, 0.3, 0.4])
+    arrays = (q, k, v, mask, bias, lens, slopes)
+    snaps = snapshot(*arrays)
+    fastattn.attention(q, k, v, mask=mask, bias=bias, kv_lengths=lens, alibi_slopes=slopes,
+                       causal="bottom_right", window=(5, 2), softcap=3.0,
+                       return_weights=True, return_lse=True)
+    assert_unchanged(arrays, snaps)
+
+
+# ------------------------------------------------------------------ threads
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [((2, 4), (2, 4), (2, 4), 65, 300, 64, 64),
+                                   ((), (), (), 3, 5000, 32, 16),
+                                   ((1,), (1,), (1,), 257, 129, 80, 80)], ids=_ids)
+def test_thread_determinism(shape, dtype, rng):
+    q, k, v = _make(rng, shape, dtype)
+    r1 = fastattn.attention(q, k, v, causal=True, num_threads=1, return_weights=True, return_lse=True)
+    for nt in (2, 3):
+        rn = fastattn.attention(q, k, v, causal=True, num_threads=nt, return_weights=True, return_lse=True)
+        for a, b, name in zip(r1, rn, ("out", "weights", "lse")):
+            assert np.array_equal(a, b), f"{name} differs between num_threads=1 and {nt}"
+    rd = fastattn.attention(q, k, v, causal=True)
+    assert np.array_equal(rd, r1[0]), "default num_threads differs from num_threads=1"
+
+
+def test_repeatable(rng):
+    q, k, v = _make(rng, ((2,), (2,), (2,), 100, 333, 64, 64), np.float32)
+    a = fastattn.attention(q, k, v)
+    for _ in range(3):
+        assert np.array_equal(fastattn.attention(q, k, v), a)
+
+
+# ------------------------------------------------------------------ out=
+@pytest.mark.parametrize("dtype", FLOATS + [np.float16])
+def test_out_argument(dtype, rng):
+    q, k, v = _make(rng, ((2,), (2,), (2,), 19, 23, 8, 6), dtype)
+    out = np.full((2, 19, 6), np.nan, dtype=dtype)
+    r = fastattn.attention(q, k, v, out=out)
+    assert r is out
+    assert_close(out, R.attention(q, k, v), dtype)
+    out2 = np.zeros((2, 19, 6), dtype=dtype)
+    r = fastattn.attention(q, k, v, out=out2, return_lse=True)
+    assert isinstance(r, tuple) and r[0] is out2
+    np.testing.assert_array_equal(out2, out)
+
+
+def test_out_non_contiguous_view(rng):
+    q, k, v = _make(rng, ((2,), (2,), (2,), 19, 23, 8, 6), np.float64)
+    buf = np.zeros((2, 6, 19))
+    out = buf.transpose(0, 2, 1)
+    r = fastattn.attention(q, k, v, out=out)
+    assert r is out
+    assert_close(buf.transpose(0, 2, 1), R.attention(q, k, v), np.float64)
+
+
+# ------------------------------------------------------------------ torch
+def _torch_sdpa(torch, q, k, v, **kw):
+    t = [torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k, v)]
+    return torch.nn.functional.scaled_dot_product_attention(*t, **kw).numpy()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_vs_torch(dtype, causal):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    for shape in [((2, 3), (2, 3), (2, 3), 33, 33, 64, 64), ((1, 2), (1, 2), (1, 2), 65, 65, 80, 80),
+                  ((2,), (2,), (2,), 17, 129, 32, 16)]:
+        q, k, v = _make(rng, shape, dtype)
+        want = _torch_sdpa(torch, q, k, v, is_causal=causal)
+        out = fastattn.attention(q, k, v, causal=causal)
+        assert_close(out, want, dtype, tol=1e-5 if dtype == np.float32 else 1e-10)

@@ -1,0 +1,220 @@
+"""fastattn.softmax / log_softmax against the reference and scipy."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import fastattn
+from conftest import (LAYOUTS, assert_close, assert_unchanged, expected_dtype, make_layout, randn,
+                      reference as R, snapshot)
+
+scipy_special = pytest.importorskip("scipy.special")
+
+FLOATS = [np.float32, np.float64]
+FUNCS = {"softmax": (fastattn.softmax, R.softmax), "log_softmax": (fastattn.log_softmax, R.log_softmax)}
+
+
+@pytest.fixture(autouse=True)
+def _warnings_are_errors():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+SHAPES = [(1,), (7,), (1000,), (3, 5), (5, 1), (1, 5), (4, 129), (17, 1023), (2, 3, 65),
+          (3, 1, 4, 33), (2, 8193)]
+
+
+def _axes(ndim):
+    return list(range(-ndim, ndim)) + [None]
+
+
+@pytest.mark.parametrize("name", list(FUNCS))
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_vs_reference_all_axes(shape, dtype, name, rng):
+    fast, ref = FUNCS[name]
+    x = randn(rng, shape, dtype, scale=4.0)
+    for axis in _axes(len(shape)):
+        got = fast(x, axis=axis)
+        assert got.dtype == dtype and got.shape == x.shape
+        assert_close(got, ref(x, axis=axis), dtype, what=f"{name} axis={axis}")
+
+
+@pytest.mark.parametrize("name", list(FUNCS))
+def test_default_axis_is_last(name, rng):
+    fast, _ = FUNCS[name]
+    x = randn(rng, (4, 6, 9), np.float64)
+    np.testing.assert_array_equal(fast(x), fast(x, axis=-1))
+    np.testing.assert_array_equal(fast(x), fast(x, axis=2))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_vs_scipy(dtype, rng):
+    x = randn(rng, (6, 7, 8), dtype, scale=3.0)
+    for axis in _axes(3):
+        assert_close(fastattn.softmax(x, axis=axis), scipy_special.softmax(x.astype(np.float64), axis=axis),
+                     dtype)
+        assert_close(fastattn.log_softmax(x, axis=axis),
+                     scipy_special.log_softmax(x.astype(np.float64), axis=axis), dtype)
+
+
+def test_extreme_values(rng):
+    x = np.array([[1000.0, 999.0, -1000.0], [-1e300, 0.0, 1e300], [1e-300, -1e-300, 0.0]])
+    assert_close(fastattn.softmax(x), scipy_special.softmax(x, axis=-1), np.float64)
+    assert_close(fastattn.log_softmax(x), scipy_special.log_softmax(x, axis=-1), np.float64)
+    x32 = np.array([[80.0, 90.0, -100.0], [1e38, -1e38, 0.0]], dtype=np.float32)
+    assert_close(fastattn.softmax(x32), R.softmax(x32), np.float32)
+    assert_close(fastattn.log_softmax(x32), R.log_softmax(x32), np.float32)
+
+
+# ------------------------------------------------------------------ special rows
+@pytest.mark.parametrize("dtype", FLOATS + [np.float16])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_all_neg_inf_rows(dtype, axis, rng):
+    x = randn(rng, (5, 37), dtype)
+    x[2] = -np.inf
+    x[4, 3:] = -np.inf
+    if axis == 0:
+        x = np.ascontiguousarray(x.T)
+    sm = fastattn.softmax(x, axis=axis)
+    ls = fastattn.log_softmax(x, axis=axis)
+    if axis == 0:
+        sm, ls, xx = sm.T, ls.T, x.T
+    else:
+        xx = x
+    assert not np.isnan(sm).any() and not np.isnan(ls).any()
+    np.testing.assert_array_equal(sm[2], 0.0)
+    np.testing.assert_array_equal(ls[2], -np.inf)
+    np.testing.assert_array_equal(sm[4, 3:], 0.0)
+    np.testing.assert_array_equal(ls[4, 3:], -np.inf)
+    assert_close(sm, R.softmax(xx), dtype)
+    assert_close(ls, R.log_softmax(xx), dtype)
+
+
+def test_all_neg_inf_whole_array_axis_none():
+    x = np.full((3, 4), -np.inf)
+    np.testing.assert_array_equal(fastattn.softmax(x, axis=None), 0.0)
+    np.testing.assert_array_equal(fastattn.log_softmax(x, axis=None), -np.inf)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_inf_nan_poison_only_their_row(dtype, bad, rng):
+    x = randn(rng, (6, 50), dtype)
+    x[1, 7] = bad
+    x[4, 49] = bad
+    x[3] = -np.inf
+    for fast, ref in FUNCS.values():
+        got = fast(x)
+        assert np.isnan(got[1]).all() and np.isnan(got[4]).all()
+        rest = [0, 2, 3, 5]
+        assert not np.isnan(got[rest]).any()
+        assert_close(got[rest], ref(x[rest]), dtype)
+    # along axis 0 the poisoned rows become columns
+    got = fastattn.softmax(x, axis=0)
+    assert np.isnan(got[:, 7]).all() and np.isnan(got[:, 49]).all()
+    assert not np.isnan(np.delete(got, [7, 49], axis=1)).any()
+
+
+def test_single_element_rows():
+    x = np.array([[3.0], [-np.inf], [np.nan], [np.inf]])
+    sm = fastattn.softmax(x)
+    np.testing.assert_array_equal(sm[:2, 0], [1.0, 0.0])
+    assert np.isnan(sm[2:]).all()
+    ls = fastattn.log_softmax(x)
+    np.testing.assert_array_equal(ls[:2, 0], [0.0, -np.inf])
+
+
+def test_empty_arrays():
+    for shape in [(0,), (3, 0), (0, 5), (2, 0, 3)]:
+        x = np.zeros(shape)
+        for fast, _ in FUNCS.values():
+            got = fast(x)
+            assert got.shape == shape and got.dtype == np.float64
+
+
+# ------------------------------------------------------------------ dtypes
+@pytest.mark.parametrize("dtype", [np.float16, np.int8, np.int32, np.int64, np.uint8, np.bool_])
+def test_dtypes(dtype, rng):
+    x = randn(rng, (7, 33), dtype)
+    want_dtype = expected_dtype(x)
+    for name, (fast, ref) in FUNCS.items():
+        got = fast(x)
+        assert got.dtype == want_dtype, f"{name}: {got.dtype} != {want_dtype}"
+        assert_close(got, ref(x), want_dtype, what=name)
+
+
+def test_lists_accepted():
+    got = fastattn.softmax([1.0, 2.0, 3.0])
+    assert got.dtype == np.float64
+    assert_close(got, scipy_special.softmax([1.0, 2.0, 3.0]), np.float64)
+
+
+# ------------------------------------------------------------------ layouts
+@pytest.mark.parametrize("layout", LAYOUTS + ["memmap"])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_layouts(layout, dtype, rng, tmp_path):
+    x0 = randn(rng, (3, 4, 45, 70), dtype, scale=3.0)
+    x = make_layout(x0, layout, tmp_path)
+    snaps = snapshot(x)
+    for name, (fast, ref) in FUNCS.items():
+        for axis in (-1, 1, None):
+            assert_close(fast(x, axis=axis), ref(x0, axis=axis), dtype, what=f"{name} {layout} axis={axis}")
+    assert_unchanged((x,), snaps)
+
+
+def test_strided_1d(rng):
+    x = randn(rng, (999,), np.float64)
+    for view in (x[::3], x[::-1], x[::-7]):
+        assert_close(fastattn.softmax(view), R.softmax(view), np.float64)
+        assert_close(fastattn.log_softmax(view), R.log_softmax(view), np.float64)
+
+
+# ------------------------------------------------------------------ out= and threads
+@pytest.mark.parametrize("dtype", FLOATS + [np.float16])
+@pytest.mark.parametrize("name", list(FUNCS))
+def test_out_argument(name, dtype, rng):
+    fast, ref = FUNCS[name]
+    x = randn(rng, (9, 31), dtype)
+    out = np.full((9, 31), np.nan, dtype=dtype)
+    r = fast(x, out=out)
+    assert r is out
+    assert_close(out, ref(x), dtype)
+    out2 = np.empty((9, 31), dtype=dtype)
+    assert fast(x, axis=0, out=out2) is out2
+    assert_close(out2, ref(x, axis=0), dtype)
+
+
+def test_out_may_alias_a_copy_not_input(rng):
+    x = randn(rng, (5, 20), np.float64)
+    xc = x.copy()
+    out = np.empty_like(x)
+    fastattn.softmax(x, out=out)
+    np.testing.assert_array_equal(x, xc)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape,axis", [((64, 4099), -1), ((1000, 257), 0), ((300, 301), None),
+                                        ((4, 50, 60), 1)], ids=str)
+def test_thread_determinism(shape, axis, dtype, rng):
+    x = randn(rng, shape, dtype, scale=3.0)
+    for fast, _ in FUNCS.values():
+        a = fast(x, axis=axis, num_threads=1)
+        for nt in (2, 3):
+            assert np.array_equal(fast(x, axis=axis, num_threads=nt), a, equal_nan=True)
+        assert np.array_equal(fast(x, axis=axis), a, equal_nan=True)
+
+
+def test_vs_torch(rng):
+    torch = pytest.importorskip("torch")
+    for dtype in FLOATS:
+        x = randn(rng, (5, 6, 77), dtype, scale=3.0)
+        for dim in (0, 1, 2):
+            t = torch.from_numpy(x)
+            assert_close(fastattn.softmax(x, axis=dim), torch.softmax(t, dim=dim).numpy(), dtype, tol=2e-6
+                         if dtype == np.float32 else 1e-12)
+            assert_close(fastattn.log_softmax(x, axis=dim), torch.log_softmax(t, dim=dim).numpy(), dtype,
+                         tol=2e-6 if dtype == np.float32 else 1e-12)
