@@ -1,0 +1,389 @@
+#!/usr/bin/env python
+"""Side-by-side speed of fastattn, torch and NumPy on the standard cases.
+
+Each library runs each case in its own fresh Python process (two OpenMP
+runtimes in one process disturb each other), the order of the libraries
+rotates from one repeat to the next, every child warms up before timing, and
+the figures are medians.  The box's ceilings -- float32 matmul GFLOP/s and
+read bandwidth -- are measured in the same run with the same thread count, so
+the ratios in the table mean something on a shared, noisy machine.
+
+    python bench/compare.py                      # all cases, 2 threads, 3 repeats
+    python bench/compare.py --quick --cases prefill,decode
+    python bench/compare.py --threads 1 --json out.json --plot out.png
+
+torch is optional (``pip install torch==2.13.0``, the CPU build); when it is
+not importable its column says so.  The NumPy column is the naive
+``softmax(q @ kᵀ / √d) @ v`` in the input dtype, the baseline every NumPy user
+has; for the softmax case it is ``scipy.special.softmax``.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_harness():
+    # Loaded by path rather than imported: ``import fastattn._bench`` would run
+    # the package's __init__, which needs the compiled kernels, and the NumPy
+    # and torch columns must work before they are built.
+    spec = importlib.util.spec_from_file_location("fastattn_bench_harness",
+                                                  os.path.join(REPO, "fastattn", "_bench.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+H = _load_harness()
+A, S = H.attention_case, H.softmax_case
+
+CASES = [
+    A("prefill", 1, 8, 1024, 1024, 64),
+    A("long", 1, 4, 4096, 4096, 128, slow_numpy=True),
+    A("causal", 1, 8, 1024, 1024, 64, causal=True),
+    A("causal-batch", 4, 8, 512, 512, 64, causal=True),
+    A("decode", 1, 32, 1, 4096, 128, decode=True),
+    A("decode-1head", 1, 1, 1, 131072, 128, decode=True, slow_numpy=True),
+    A("batch", 32, 8, 128, 128, 64),
+    A("f64", 1, 8, 1024, 1024, 64, dtype="float64"),
+    A("tiny", 1, 1, 3, 3, 64),
+    S("softmax", 4096, 4096),
+    A("memory", 1, 1, 16384, 16384, 64, memory=True, slow_numpy=True),
+    # Extra cases: features the standard table does not exercise.
+    A("gqa-decode", 1, 32, 1, 8192, 128, Hkv=8, decode=True, extra=True),
+    A("window", 1, 4, 8192, 8192, 64, window=(256, 0), extra=True, slow_numpy=True,
+      note="torch: same rule as a bool mask (it has no window)"),
+    A("mask", 1, 8, 1024, 1024, 64, mask="random", extra=True,
+      note="random bool (Lq, Lk) mask, half the keys visible"),
+    A("kv-lengths", 8, 8, 1, 4096, 128, kv_lengths=[512 * (i + 1) for i in range(8)],
+      decode=True, extra=True, note="padded decode batch; torch: same rule as a bool mask"),
+]
+CASE_IDS = [c["id"] for c in CASES]
+
+
+def describe(case):
+    """Short shape description, e.g. 'B1 H8 L1024 D64 causal'."""
+    if case["kind"] == "softmax":
+        return f"{case['rows']}×{case['cols']} {case['dtype']}"
+    heads = f"Hq{case['Hq']} Hkv{case['Hkv']}" if case["Hq"] != case["Hkv"] else f"H{case['Hq']}"
+    lens = f"L{case['Lq']}" if case["Lq"] == case["Lk"] else f"Lq{case['Lq']} Lk{case['Lk']}"
+    parts = [f"B{case['B']}", heads, lens, f"D{case['D']}"]
+    if case["dtype"] != "float32":
+        parts.append(case["dtype"])
+    if case["causal"]:
+        parts.append("causal")
+    if case["window"]:
+        parts.append(f"window={tuple(case['window'])}")
+    if case["mask"]:
+        parts.append("bool mask")
+    if case["kv_lengths"]:
+        parts.append("kv_lengths")
+    return " ".join(parts)
+
+
+def machine_info():
+    """CPU model, cores and library versions (versions read without importing)."""
+    from importlib import metadata
+    model = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    versions = {}
+    for lib in ("numpy", "scipy", "torch"):
+        try:
+            versions[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            versions[lib] = None
+    return {"cpu": model, "logical_cpus": os.cpu_count(), "usable_cpus": usable,
+            "python": platform.python_version(), "platform": platform.platform(), **versions}
+
+
+def libraries_for(case, skip_numpy):
+    libs = list(H.SOFTMAX_LIBS if case["kind"] == "softmax" else H.ATTENTION_LIBS)
+    if skip_numpy and "numpy" in libs:
+        libs.remove("numpy")
+    return libs
+
+
+def numpy_skip_reason(case, args):
+    if case["kind"] != "attention":
+        return None
+    if args.skip_slow_numpy and case.get("slow_numpy"):
+        return "numpy skipped (--skip-slow-numpy)"
+    need = 2 * H.numpy_scores_bytes(case)
+    if need > args.numpy_max_gib * 2**30:
+        return f"numpy skipped: needs ~{need / 2**30:.1f} GiB (> --numpy-max-gib)"
+    return None
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(args):
+    cases = [c for c in CASES if (c["id"] in args.cases if args.cases else not c.get("extra") or args.extra)]
+    # The fastattn children import the in-place build of this checkout unless
+    # --installed asks for the one on sys.path.
+    path = () if args.installed else (REPO,)
+    available = {lib: H.library_available(lib) for lib in ("torch", "numpy", "scipy")}
+    fa_error = H.import_error("from fastattn import attention, softmax, set_num_threads", path)
+    available["fastattn"] = fa_error is None
+    for lib, ok in available.items():
+        if not ok:
+            log(f"{lib} is not importable" + (f" ({fa_error})" if lib == "fastattn" else "")
+                + f": its column stays empty")
+    results = {"machine": machine_info(), "threads": args.threads, "repeats": args.repeats,
+               "min_time": args.min_time, "available": available, "ceilings": [], "cases": []}
+
+    for rep in range(args.repeats):
+        log(f"[ceilings] repeat {rep + 1}/{args.repeats} ...")
+        r = H.run_child("ceilings", None, args.threads, min_time=args.min_time)
+        if "error" in r:
+            log(f"  ceilings failed: {r['error']}")
+        else:
+            log(f"  matmul {r['matmul_gflops']:.0f} GFLOP/s, read {r['read_gbs']:.1f} GB/s")
+        results["ceilings"].append(r)
+
+    for ci, case in enumerate(cases):
+        skip = numpy_skip_reason(case, args)
+        libs = [lib for lib in libraries_for(case, skip is not None) if available[lib]]
+        runs = {lib: [] for lib in libs}
+        for rep in range(args.repeats):
+            order = libs[rep % len(libs):] + libs[:rep % len(libs)]   # rotate per repeat
+            for lib in order:
+                log(f"[{ci + 1}/{len(cases)}] {case['id']} {lib} (repeat {rep + 1}/{args.repeats}) ...")
+                r = H.run_child(lib, case, args.threads, min_time=args.min_time,
+                                pythonpath=path, timeout=args.timeout)
+                if "error" in r:
+                    log(f"  failed: {r['error']}")
+                else:
+                    err = f", max err {r['max_err']:.1e}" if r.get("max_err") is not None else ""
+                    mem = (f", extra memory {r['extra_bytes'] / 2**20:.1f} MiB"
+                           if r.get("extra_bytes") is not None else "")
+                    log(f"  {H.fmt_time(r['seconds'])}{err}{mem}")
+                runs[lib].append(r)
+        results["cases"].append({"case": case, "describe": describe(case), "numpy_skipped": skip,
+                                 "runs": runs})
+    return results
+
+
+def _median_of(runs, key):
+    vals = [r[key] for r in runs if r.get(key) is not None and "error" not in r]
+    return H._median(vals) if vals else None
+
+
+def summarize(results):
+    """Per case: median seconds per library and the derived rates."""
+    ceil = {k: _median_of(results["ceilings"], k) for k in ("matmul_gflops", "read_gbs")}
+    rows = []
+    for entry in results["cases"]:
+        case, runs = entry["case"], entry["runs"]
+        t = {lib: _median_of(rs, "seconds") for lib, rs in runs.items()}
+        errs = {lib: [r["error"] for r in rs if "error" in r] for lib, rs in runs.items()}
+        row = {"id": case["id"], "describe": entry["describe"], "case": case, "t": t,
+               "errors": {k: v[0] for k, v in errs.items() if v},
+               "max_err": {lib: max((r["max_err"] for r in rs if r.get("max_err") is not None),
+                                    default=None) for lib, rs in runs.items()},
+               "extra_bytes": {lib: _median_of(rs, "extra_bytes") for lib, rs in runs.items()},
+               "numpy_skipped": entry["numpy_skipped"]}
+        fa = t.get("fastattn")
+        if case["kind"] == "attention":
+            flops = H.attention_flops(case)
+            row["gflops"] = flops / fa / 1e9 if fa else None
+            row["pct_matmul"] = 100 * row["gflops"] / ceil["matmul_gflops"] if fa and ceil["matmul_gflops"] else None
+            if case.get("decode"):
+                row["gbs"] = H.kv_bytes(case) / fa / 1e9 if fa else None
+        else:  # softmax: read once, write once
+            row["gbs"] = 2 * case["rows"] * case["cols"] * 4 / fa / 1e9 if fa else None
+        if row.get("gbs") is not None and ceil["read_gbs"]:
+            row["pct_bw"] = 100 * row["gbs"] / ceil["read_gbs"]
+        rows.append(row)
+    return ceil, rows
+
+
+def _fmt(x, spec, suffix=""):
+    return "—" if x is None else format(x, spec) + suffix
+
+
+def _time_cell(row, lib, available):
+    if not available[lib]:
+        return "not installed" if lib == "torch" else "not importable"
+    if lib in row["errors"] and row["t"].get(lib) is None:
+        return "failed"
+    if lib == "numpy" and row["numpy_skipped"]:
+        return "skipped"
+    t = row["t"].get(lib)
+    if t is None:
+        return "—"
+    if row["id"] == "tiny":
+        return f"{t * 1e6:.2f} µs"
+    return H.fmt_time(t)
+
+
+def print_report(results, ceil, rows, out=sys.stdout):
+    m, avail = results["machine"], results["available"]
+    p = lambda *a: print(*a, file=out)
+    p(f"## fastattn side by side — {results['threads']} thread(s), "
+      f"median of {results['repeats']} process(es) per library\n")
+    p(f"- CPU: {m['cpu']} ({m['logical_cpus']} logical CPUs, {m['usable_cpus']} usable); "
+      f"Python {m['python']}; {m['platform']}")
+    fa_ver = next((r.get("version") for e in results["cases"] for r in e["runs"].get("fastattn", [])
+                   if r.get("version")), None)
+    p(f"- numpy {m['numpy']}, scipy {m['scipy'] or 'not installed'}, "
+      f"torch {m['torch'] or 'not installed (torch column empty)'}, fastattn {fa_ver or 'not importable'}")
+    cfg = next((r.get("config") for e in results["cases"] for r in e["runs"].get("fastattn", [])
+                if r.get("config")), None)
+    if cfg:
+        p("- fastattn config: " + " | ".join(ln.strip() for ln in cfg.strip().splitlines()[:6]))
+    p(f"- ceilings, same run: float32 matmul 2048³ {_fmt(ceil['matmul_gflops'], '.0f')} GFLOP/s, "
+      f"read bandwidth {_fmt(ceil['read_gbs'], '.1f')} GB/s\n")
+    p("| case | shape | fastattn | torch | numpy | torch / fastattn | numpy / fastattn "
+      "| fastattn GFLOP/s | % matmul | GB/s | % read bw | max err fastattn |")
+    p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    notes = []
+    for r in rows:
+        fa, tt, nn = (r["t"].get(k) for k in ("fastattn", "torch", "numpy"))
+        if r["case"]["kind"] == "softmax":
+            nn = r["t"].get("scipy")
+        label = r["id"] + (" (extra)" if r["case"].get("extra") else "")
+        numpy_cell = (_time_cell(r, "scipy", avail) + " (scipy)" if r["case"]["kind"] == "softmax"
+                      else _time_cell(r, "numpy", avail))
+        p(f"| {label} | {r['describe']} | {_time_cell(r, 'fastattn', avail)} | "
+          f"{_time_cell(r, 'torch', avail)} | {numpy_cell} | "
+          f"{_fmt(tt / fa if tt and fa else None, '.2f', '×')} | "
+          f"{_fmt(nn / fa if nn and fa else None, '.1f', '×')} | "
+          f"{_fmt(r.get('gflops'), '.1f')} | {_fmt(r.get('pct_matmul'), '.0f', '%')} | "
+          f"{_fmt(r.get('gbs'), '.1f')} | {_fmt(r.get('pct_bw'), '.0f', '%')} | "
+          f"{_fmt(r['max_err'].get('fastattn'), '.1e')} |")
+        if r["case"].get("note"):
+            notes.append(f"{r['id']}: {r['case']['note']}")
+        if r["numpy_skipped"]:
+            notes.append(f"{r['id']}: {r['numpy_skipped']}")
+        for lib, e in r["errors"].items():
+            notes.append(f"{r['id']}: {lib} failed: {e}")
+    mem_rows = [r for r in rows if r["case"].get("memory")]
+    if mem_rows:
+        p("\nPeak memory beyond inputs and output (one call, VmHWM after a reset):\n")
+        p("| case | fastattn | torch | numpy |")
+        p("|---|---:|---:|---:|")
+        for r in mem_rows:
+            cells = [_fmt(None if r["extra_bytes"].get(lib) is None else r["extra_bytes"][lib] / 2**20,
+                          ".1f", " MiB") for lib in ("fastattn", "torch", "numpy")]
+            p(f"| {r['id']} | " + " | ".join(cells) + " |")
+    p("\nFLOPs = 2·(Dk+Dv)·H·(visible query-key pairs): half for causal, the window band for "
+      "window, valid keys for kv_lengths; a random mask counts every pair. GB/s: K+V read once "
+      "(decode cases), read+write (softmax). max err: largest |fastattn − float64| on a slice.")
+    for n in notes:
+        p(f"- {n}")
+
+
+def plot(results, rows, ceil, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("--plot needs matplotlib (pip install matplotlib, or the 'plot' extra); "
+                 "the table above is complete without it")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
+    ids = [r["id"] for r in rows]
+    x = range(len(rows))
+    width = 0.38
+    for i, (lib, col) in enumerate((("torch", "tab:orange"), ("numpy", "tab:green"))):
+        vals = []
+        for r in rows:
+            other = r["t"].get("scipy" if lib == "numpy" and r["case"]["kind"] == "softmax" else lib)
+            fa = r["t"].get("fastattn")
+            vals.append(other / fa if other and fa else 0)
+        ax1.bar([xi + (i - 0.5) * width for xi in x], vals, width, label=f"{lib} time / fastattn time",
+                color=col)
+    ax1.axhline(1.0, color="k", lw=1)
+    ax1.set_yscale("log")
+    ax1.set_xticks(list(x))
+    ax1.set_xticklabels(ids, rotation=45, ha="right")
+    ax1.set_ylabel("speed-up of fastattn (>1: fastattn faster)")
+    ax1.legend()
+    eff = [r.get("pct_bw") if r["case"].get("decode") or r["case"]["kind"] == "softmax"
+           else r.get("pct_matmul") for r in rows]
+    ax2.bar(list(x), [e or 0 for e in eff], color="tab:blue")
+    ax2.set_xticks(list(x))
+    ax2.set_xticklabels(ids, rotation=45, ha="right")
+    ax2.set_ylabel("fastattn, % of ceiling (matmul GFLOP/s; read GB/s for decode/softmax)")
+    fig.suptitle(f"fastattn, {results['threads']} thread(s), {results['machine']['cpu']}; "
+                 f"matmul {_fmt(ceil['matmul_gflops'], '.0f')} GFLOP/s, "
+                 f"read {_fmt(ceil['read_gbs'], '.1f')} GB/s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    log(f"plot written to {path}")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="cases: " + ", ".join(
+                                     c["id"] + (" (extra)" if c.get("extra") else "") for c in CASES))
+    ap.add_argument("--threads", type=int, default=2, help="threads per library (default 2)")
+    ap.add_argument("--cases", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                    help="comma-separated case ids (default: all standard cases)")
+    ap.add_argument("--extra", action="store_true", help="also run the extra cases")
+    ap.add_argument("--all", action="store_true", help="standard and extra cases")
+    ap.add_argument("--quick", action="store_true",
+                    help="1 process per library and shorter timing (a smoke run, noisier)")
+    ap.add_argument("--repeats", type=int, help="processes per library and case (default 3)")
+    ap.add_argument("--min-time", type=float, help="seconds timed per process (default 0.5)")
+    ap.add_argument("--numpy-max-gib", type=float, default=4.0,
+                    help="skip the numpy baseline when it needs more memory (default 4)")
+    ap.add_argument("--skip-slow-numpy", action="store_true",
+                    help="skip the numpy baseline on the big cases (long, decode-1head, memory, window)")
+    ap.add_argument("--installed", action="store_true",
+                    help="benchmark the fastattn on sys.path instead of this checkout's in-place build")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per child process")
+    ap.add_argument("--json", metavar="FILE", help="write raw results (every sample) as JSON")
+    ap.add_argument("--plot", metavar="FILE.png", help="draw the figures (needs matplotlib)")
+    args = ap.parse_args(argv)
+    if args.cases:
+        unknown = sorted(set(args.cases) - set(CASE_IDS))
+        if unknown:
+            ap.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(CASE_IDS)}")
+    args.extra = args.extra or args.all
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    if args.min_time is None:
+        args.min_time = 0.15 if args.quick else 0.5
+    if args.threads < 1 or args.repeats < 1:
+        ap.error("--threads and --repeats must be >= 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.plot:  # fail before a long run, not after it
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            sys.exit("--plot needs matplotlib (pip install matplotlib, or the 'plot' extra)")
+    results = run(args)
+    ceil, rows = summarize(results)
+    results["summary"] = [{k: v for k, v in r.items() if k != "case"} for r in rows]
+    results["summary_ceilings"] = ceil
+    print_report(results, ceil, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+        log(f"raw results written to {args.json}")
+    if args.plot:
+        plot(results, rows, ceil, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,529 @@
+"""Timing harness shared by ``python -m fastattn bench`` and ``bench/compare.py``.
+
+Every measurement runs in a fresh Python process that imports exactly one
+library: two OpenMP runtimes in one process (ours and the libgomp bundled with
+torch) keep their worker threads spinning after a parallel region and steal
+cores from each other, so timing them side by side in one process is wrong.
+
+This file must also work when it is *not* imported as part of the package
+(``bench/compare.py`` loads it by path so that the comparison runs before the
+kernels are built), so it imports ``fastattn`` only inside the fastattn runner
+and nothing from the package at module level.
+
+A case is a plain dict (it travels to the child as JSON)::
+
+    {"id": "prefill", "kind": "attention", "B": 1, "Hq": 8, "Hkv": 8, "Lq": 1024,
+     "Lk": 1024, "D": 64, "Dv": 64, "dtype": "float32", "causal": False,
+     "window": None, "mask": None, "kv_lengths": None, "memory": False}
+
+``kind`` is "attention" or "softmax" (then ``rows`` and ``cols``).  ``mask`` is
+"random" for a boolean (Lq, Lk) mask where True means "may attend", as in
+torch.  ``window`` is ``[left, right]``: query i sees keys i-left .. i+right.
+``kv_lengths`` lists, per batch entry, how many leading keys are valid.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+# Libraries a case can be timed with; the first is the one being measured.
+ATTENTION_LIBS = ("fastattn", "torch", "numpy")
+SOFTMAX_LIBS = ("fastattn", "torch", "scipy")
+
+# Environment variables set for old OpenBLAS builds that slow numpy's BLAS
+# down; removed in benchmark processes only (never in tests or CI).
+_OPENBLAS_TUNING_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "BLIS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def attention_case(id, B, Hq, Lq, Lk, D, *, Hkv=None, Dv=None, dtype="float32",
+                   causal=False, window=None, mask=None, kv_lengths=None,
+                   memory=False, **extra):
+    """Return an attention case dict (see the module docstring)."""
+    case = dict(id=id, kind="attention", B=B, Hq=Hq, Hkv=Hkv or Hq, Lq=Lq, Lk=Lk,
+                D=D, Dv=Dv or D, dtype=dtype, causal=causal,
+                window=list(window) if window is not None else None, mask=mask,
+                kv_lengths=list(kv_lengths) if kv_lengths is not None else None,
+                memory=memory)
+    case.update(extra)
+    return case
+
+
+def softmax_case(id, rows, cols, dtype="float32", **extra):
+    """Return a softmax case dict (softmax over the last axis of rows x cols)."""
+    case = dict(id=id, kind="softmax", rows=rows, cols=cols, dtype=dtype, memory=False)
+    case.update(extra)
+    return case
+
+
+# ---------------------------------------------------------------------------
+# Arithmetic about a case (used by the parent to turn times into rates)
+# ---------------------------------------------------------------------------
+
+def visible_pairs(case):
+    """Number of (query, key) pairs per (batch, head) summed over batch entries.
+
+    Causal, window and kv_lengths limits are counted (a block-sparse kernel can
+    skip the rest); a random boolean mask is not (no kernel can skip it).
+    """
+    Lq, Lk = case["Lq"], case["Lk"]
+    total = 0
+    for b in range(case["B"]):
+        n = case["kv_lengths"][b] if case["kv_lengths"] else Lk
+        lo_hi = [_visible_range(case, i, n) for i in range(Lq)] if (
+            case["causal"] or case["window"]) else None
+        if lo_hi is None:
+            total += Lq * n
+        else:
+            total += sum(max(0, hi - lo) for lo, hi in lo_hi)
+    return total
+
+
+def _visible_range(case, i, n_keys):
+    """Half-open key range [lo, hi) that query row i may see.
+
+    Top-left alignment (query i sits at key position i), the meaning of
+    ``causal=True`` in fastattn, its reference and torch.
+    """
+    lo, hi = 0, n_keys
+    if case["causal"]:
+        hi = min(hi, i + 1)
+    if case["window"]:
+        left, right = case["window"]
+        lo = max(lo, i - left)
+        hi = min(hi, i + right + 1)
+    return lo, hi
+
+
+def attention_flops(case):
+    """FLOPs of attention: 2*D for q.k plus 2*Dv for p.v per visible pair."""
+    return 2 * (case["D"] + case["Dv"]) * case["Hq"] * visible_pairs(case)
+
+
+def kv_bytes(case):
+    """Bytes of K and V that must be read once (valid keys only)."""
+    itemsize = 8 if case["dtype"] == "float64" else 4
+    keys = sum(case["kv_lengths"]) if case["kv_lengths"] else case["B"] * case["Lk"]
+    return keys * case["Hkv"] * (case["D"] + case["Dv"]) * itemsize
+
+
+def numpy_scores_bytes(case):
+    """Bytes of the full score matrix the naive NumPy version materialises."""
+    itemsize = 8 if case["dtype"] == "float64" else 4
+    return case["B"] * case["Hq"] * case["Lq"] * case["Lk"] * itemsize
+
+
+# ---------------------------------------------------------------------------
+# Inputs and the naive NumPy baseline
+# ---------------------------------------------------------------------------
+
+def make_inputs(case, np):
+    """Deterministic inputs for a case (touched, contiguous, in case['dtype'])."""
+    rng = np.random.default_rng(0)
+    dt = np.dtype(case["dtype"])
+    if case["kind"] == "softmax":
+        return {"x": (rng.standard_normal((case["rows"], case["cols"]), dtype=np.float32) * 3).astype(dt)}
+    B, Hq, Hkv = case["B"], case["Hq"], case["Hkv"]
+    q = rng.standard_normal((B, Hq, case["Lq"], case["D"]), dtype=np.float32).astype(dt)
+    k = rng.standard_normal((B, Hkv, case["Lk"], case["D"]), dtype=np.float32).astype(dt)
+    v = rng.standard_normal((B, Hkv, case["Lk"], case["Dv"]), dtype=np.float32).astype(dt)
+    inputs = {"q": q, "k": k, "v": v}
+    if case["mask"] == "random":
+        m = rng.random((case["Lq"], case["Lk"])) < 0.5
+        idx = np.arange(min(case["Lq"], case["Lk"]))
+        m[idx, idx] = True                                  # no row without a key
+        inputs["mask"] = m
+    if case["kv_lengths"]:
+        inputs["kv_lengths"] = np.asarray(case["kv_lengths"], dtype=np.int64)
+    return inputs
+
+
+def allowed_mask(case, inputs, np, rows=None, batch=None):
+    """Boolean "may attend" array broadcastable to (B, H, Lq, Lk), or None.
+
+    ``rows`` selects query rows (absolute indices); ``batch`` one batch entry.
+    """
+    Lq, Lk = case["Lq"], case["Lk"]
+    rows = np.arange(Lq) if rows is None else np.asarray(rows)
+    cols = np.arange(Lk)
+    allowed = None
+    if case["causal"] or case["window"]:
+        lo_hi = np.array([_visible_range(case, int(i), Lk) for i in rows])
+        allowed = (cols[None, :] >= lo_hi[:, :1]) & (cols[None, :] < lo_hi[:, 1:])
+    if case["mask"] == "random":
+        m = inputs["mask"][rows]
+        allowed = m if allowed is None else allowed & m
+    if allowed is not None:
+        allowed = allowed[None, None]                      # (1, 1, rows, Lk)
+    if case["kv_lengths"]:
+        lengths = inputs["kv_lengths"] if batch is None else inputs["kv_lengths"][batch:batch + 1]
+        by_len = (cols[None, :] < lengths[:, None])[:, None, None, :]   # (B, 1, 1, Lk)
+        allowed = by_len if allowed is None else allowed & by_len
+    return allowed
+
+
+def naive_attention(q, k, v, scale, blocked, np):
+    """softmax(q kᵀ · scale, masked) v with the full score matrix, NumPy style.
+
+    q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); Hq a multiple of
+    Hkv (grouped heads share K/V).  ``blocked`` is True where a score is
+    masked out (broadcastable to (B, 1, 1, Lq, Lk)) or None.
+    """
+    B, Hq, Lq, D = q.shape
+    Hkv = k.shape[1]
+    q5 = q.reshape(B, Hkv, Hq // Hkv, Lq, D)
+    s = q5 @ np.swapaxes(k, -1, -2)[:, :, None]
+    s *= s.dtype.type(scale)
+    if blocked is not None:
+        np.copyto(s, -np.inf, where=blocked)
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    out = s @ v[:, :, None]
+    return out.reshape(B, Hq, Lq, v.shape[-1])
+
+
+def _blocked(allowed):
+    """Turn a (B, 1, L, L) allowed mask into the 5-D blocked mask naive_attention wants."""
+    return None if allowed is None else ~allowed[:, :, None]
+
+
+def check_against_float64(case, inputs, out, np):
+    """Largest |out - exact| over a cheap slice, computed in float64.
+
+    Two (batch, head) pairs, up to 96 query rows each (first, last and some
+    in between), all keys: enough to see a wrong mask, scale or head mapping.
+    """
+    if case["kind"] == "softmax":
+        x = inputs["x"][:64].astype(np.float64)
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        ref = e / e.sum(axis=-1, keepdims=True)
+        return float(np.max(np.abs(np.asarray(out[:64], dtype=np.float64) - ref)))
+    Lq = case["Lq"]
+    rows = np.arange(Lq) if Lq <= 96 else np.unique(np.r_[0:32, Lq - 32:Lq, np.linspace(0, Lq - 1, 32).astype(int)])
+    group = case["Hq"] // case["Hkv"]
+    worst = 0.0
+    for b, h in {(0, 0), (case["B"] - 1, case["Hq"] - 1)}:
+        q = inputs["q"][b:b + 1, h:h + 1, rows].astype(np.float64)
+        k = inputs["k"][b:b + 1, h // group:h // group + 1].astype(np.float64)
+        v = inputs["v"][b:b + 1, h // group:h // group + 1].astype(np.float64)
+        ref = naive_attention(q, k, v, 1.0 / math.sqrt(case["D"]),
+                              _blocked(allowed_mask(case, inputs, np, rows=rows, batch=b)), np)
+        got = np.asarray(out[b, h, rows], dtype=np.float64)
+        worst = max(worst, float(np.max(np.abs(got - ref[0, 0]))))
+    return worst
+
+
+# ---------------------------------------------------------------------------
+# One library per child process
+# ---------------------------------------------------------------------------
+
+def _fastattn_runner(case, inputs, threads, np):
+    import fastattn
+    fastattn.set_num_threads(threads)
+    info = {"version": getattr(fastattn, "__version__", "?")}
+    try:
+        cfg = fastattn.show_config()
+        info["config"] = cfg if isinstance(cfg, str) else None
+    except Exception as exc:                               # config is informative only
+        info["config"] = f"show_config() failed: {exc!r}"
+    if case["kind"] == "softmax":
+        x = inputs["x"]
+        return (lambda: fastattn.softmax(x, axis=-1, num_threads=threads)), info
+    kw = {"causal": case["causal"], "num_threads": threads}
+    if case["window"]:
+        kw["window"] = tuple(case["window"])
+    if case["mask"]:
+        kw["mask"] = inputs["mask"]
+    if case["kv_lengths"]:
+        kw["kv_lengths"] = inputs["kv_lengths"]
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    return (lambda: fastattn.attention(q, k, v, **kw)), info
+
+
+def _torch_runner(case, inputs, threads, np):
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(False)
+    info = {"version": torch.__version__}
+    if case["kind"] == "softmax":
+        x = torch.from_numpy(inputs["x"])
+        return (lambda: torch.softmax(x, dim=-1).numpy()), info
+    # 4-D (B, H, L, D): 3-D input silently takes torch's slow "math" path.
+    q, k, v = (torch.from_numpy(inputs[n]) for n in "qkv")
+    kw = {}
+    if case["Hq"] != case["Hkv"]:
+        kw["enable_gqa"] = True
+    if case["window"] or case["mask"] or case["kv_lengths"]:
+        # torch has no window or length argument: the same rule as a bool mask.
+        kw["attn_mask"] = torch.from_numpy(np.ascontiguousarray(allowed_mask(case, inputs, np)))
+    else:
+        kw["is_causal"] = case["causal"]
+    return (lambda: F.scaled_dot_product_attention(q, k, v, **kw).numpy()), info
+
+
+def _numpy_runner(case, inputs, threads, np):
+    info = {"version": np.__version__}
+    if case["kind"] == "softmax":
+        raise ValueError("softmax cases compare against scipy, not the numpy runner")
+    blocked = _blocked(allowed_mask(case, inputs, np))    # built once, like torch's mask
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    scale = 1.0 / math.sqrt(case["D"])
+    return (lambda: naive_attention(q, k, v, scale, blocked, np)), info
+
+
+def _scipy_runner(case, inputs, threads, np):
+    import scipy
+    import scipy.special
+    x = inputs["x"]
+    return (lambda: scipy.special.softmax(x, axis=-1)), {"version": scipy.__version__}
+
+
+RUNNERS = {"fastattn": _fastattn_runner, "torch": _torch_runner,
+           "numpy": _numpy_runner, "scipy": _scipy_runner}
+
+
+def time_calls(fn, min_time, warmup=2, batch_time=0.02, max_samples=25):
+    """Per-call seconds of ``fn``: one entry per timed batch, after warm-up.
+
+    Calls are grouped into batches of at least ``batch_time`` seconds (so a
+    microsecond call is timed over thousands of calls) and batches repeated
+    until ``min_time`` seconds are spent, at least three times.
+    """
+    for _ in range(warmup):
+        fn()
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-9)
+    per_batch = max(1, int(batch_time / one))
+    n_samples = min(max_samples, max(3, int(min_time / (per_batch * one))))
+    samples = []
+    for _ in range(n_samples):
+        t0 = time.perf_counter()
+        for _ in range(per_batch):
+            fn()
+        samples.append((time.perf_counter() - t0) / per_batch)
+    return samples
+
+
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _reset_peak_rss():
+    """Make VmHWM equal the current RSS (Linux >= 4.0); False if impossible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure_extra_memory(case, lib, threads, np):
+    """Peak resident bytes one call needs beyond its inputs and its output.
+
+    Warm up on a small copy of the case (thread pools, lazy library set-up),
+    reset the high-water mark, make the one big call and read it back.
+    /proc is used because tracemalloc does not see C-level allocations.
+    """
+    small = dict(case, Lq=min(case["Lq"], 256), Lk=min(case["Lk"], 256))
+    small_inputs = make_inputs(small, np)
+    fn, _ = RUNNERS[lib](small, small_inputs, threads, np)
+    fn(); fn()
+    del fn, small_inputs
+    inputs = make_inputs(case, np)
+    fn, _ = RUNNERS[lib](case, inputs, threads, np)
+    if not _reset_peak_rss():
+        return None
+    before = _status_kib("VmRSS")
+    out = fn()
+    peak = _status_kib("VmHWM")
+    return max(0, (peak - before) * 1024 - np.asarray(out).nbytes)
+
+
+def measure_ceilings(threads, min_time, np):
+    """Float32 matmul GFLOP/s at 2048³ and read GB/s (sum of 256 MiB), ``threads`` wide."""
+    from concurrent.futures import ThreadPoolExecutor
+    rng = np.random.default_rng(0)
+    n = 2048
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    t_mm = time_calls(lambda: a @ b, min_time)
+    big = np.ones(256 * 2**20 // 4, dtype=np.float32)
+    chunks = np.array_split(big, threads)
+    # numpy's sum is single-threaded; summing one chunk per thread (reductions
+    # release the GIL) reads with the same width the kernels get.
+    with ThreadPoolExecutor(threads) as pool:
+        t_rd = time_calls(lambda: sum(pool.map(np.sum, chunks)), min_time)
+    return {"matmul_gflops": 2 * n**3 / 1e9 / _median(t_mm),
+            "read_gbs": big.nbytes / 1e9 / _median(t_rd),
+            "matmul_samples": t_mm, "read_samples": t_rd}
+
+
+def _median(xs):
+    xs = sorted(xs)
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else 0.5 * (xs[m - 1] + xs[m])
+
+
+def child_main(lib, case, threads, min_time, check):
+    """Run one library on one case in this (fresh) process; return a result dict."""
+    import numpy as np
+    if lib == "ceilings":
+        return measure_ceilings(threads, min_time, np)
+    result = {}
+    if case.get("memory"):
+        result["extra_bytes"] = measure_extra_memory(case, lib, threads, np)
+    inputs = make_inputs(case, np)
+    fn, info = RUNNERS[lib](case, inputs, threads, np)
+    result.update(info)
+    if check:
+        result["max_err"] = check_against_float64(case, inputs, fn(), np)
+    result["samples"] = time_calls(fn, min_time)
+    result["seconds"] = _median(result["samples"])
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Parent side
+# ---------------------------------------------------------------------------
+
+def child_env(threads, pythonpath=()):
+    """Environment of a benchmark child: thread counts set, OpenBLAS tuning unset."""
+    env = dict(os.environ)
+    for var in _OPENBLAS_TUNING_VARS:
+        env.pop(var, None)
+    for var in _THREAD_VARS:
+        env[var] = str(threads)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(list(pythonpath) + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+# The directory holding the fastattn package: the children's working directory.
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_child(lib, case, threads, *, min_time=0.5, check=True, pythonpath=(), timeout=900):
+    """Time ``lib`` on ``case`` in a fresh interpreter; return its result dict.
+
+    On failure the dict has an "error" key (the last line of the child's stderr).
+    """
+    spec = json.dumps({"lib": lib, "case": case, "threads": threads,
+                       "min_time": min_time, "check": check})
+    # Run this file by path: the child must not import fastattn unless it is
+    # the fastattn child (its OpenMP runtime would disturb torch's).
+    code = f"import runpy; runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')"
+    cmd = [sys.executable, "-c", code, "--child", spec]
+    try:
+        proc = subprocess.run(cmd, env=child_env(threads, pythonpath), capture_output=True,
+                              text=True, timeout=timeout, cwd=_PACKAGE_PARENT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        err = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        return {"error": err[-1] if err else f"exit status {proc.returncode}"}
+    return json.loads(lines[-1])
+
+
+def import_error(statement, pythonpath=()):
+    """None when ``statement`` (an import) runs in a fresh child process, else the error line."""
+    proc = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True,
+                          env=child_env(1, pythonpath), cwd=_PACKAGE_PARENT)
+    if proc.returncode == 0:
+        return None
+    err = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    return err[-1] if err else f"exit status {proc.returncode}"
+
+
+def library_available(lib):
+    """True when ``lib`` can be found without importing it here."""
+    import importlib.util
+    name = {"numpy": "numpy", "scipy": "scipy", "torch": "torch", "fastattn": "fastattn"}[lib]
+    return importlib.util.find_spec(name) is not None
+
+
+def fmt_time(seconds):
+    """Human time: µs below 1 ms, ms below 10 s."""
+    if seconds is None:
+        return "—"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 10:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.1f} s"
+
+
+# ---------------------------------------------------------------------------
+# `python -m fastattn bench`: a quick look at a few shapes
+# ---------------------------------------------------------------------------
+
+QUICK_CASES = [
+    attention_case("prefill B1 H8 L1024 D64", 1, 8, 1024, 1024, 64),
+    attention_case("causal B1 H8 L1024 D64", 1, 8, 1024, 1024, 64, causal=True),
+    attention_case("decode B1 H32 Lq1 Lk4096 D128", 1, 32, 1, 4096, 128),
+    attention_case("batch B32 H8 L128 D64", 32, 8, 128, 128, 64),
+    attention_case("tiny B1 H1 L3 D64", 1, 1, 3, 3, 64),
+    softmax_case("softmax 4096x4096", 4096, 4096),
+]
+
+
+def quick_bench(threads=None, min_time=0.3, stream=sys.stdout, progress=sys.stderr):
+    """Time fastattn against NumPy (and torch, when installed), one process each.
+
+    Prints a Markdown table; returns the list of result rows.
+    """
+    import fastattn
+    threads = threads or fastattn.get_num_threads()
+    # The fastattn children must import the same fastattn as this process.
+    path = [os.path.dirname(os.path.dirname(os.path.abspath(fastattn.__file__)))]
+    have_torch = library_available("torch")
+    rows = []
+    for case in QUICK_CASES:
+        libs = ["fastattn", "numpy" if case["kind"] == "attention" else "scipy"]
+        if case["kind"] == "softmax" and not library_available("scipy"):
+            libs.pop()
+        if have_torch:
+            libs.append("torch")
+        res = {}
+        for lib in libs:
+            print(f"  {case['id']}: {lib} ...", end="", file=progress, flush=True)
+            res[lib] = run_child(lib, case, threads, min_time=min_time, pythonpath=path)
+            print(" " + (fmt_time(res[lib].get("seconds")) if "error" not in res[lib]
+                         else "failed: " + res[lib]["error"]), file=progress, flush=True)
+        rows.append((case, res))
+    base_name = "NumPy / SciPy"
+    print(f"\nfastattn {getattr(fastattn, '__version__', '?')}, {threads} thread(s)"
+          + ("" if have_torch else "; torch not installed, skipped") + "\n", file=stream)
+    print(f"| case | fastattn | {base_name} | speed-up vs NumPy | torch | torch / fastattn | max err |",
+          file=stream)
+    print("|---|---:|---:|---:|---:|---:|---:|", file=stream)
+    for case, res in rows:
+        fa = res["fastattn"].get("seconds")
+        base = (res.get("numpy") or res.get("scipy") or {}).get("seconds")
+        tt = res.get("torch", {}).get("seconds")
+        err = res["fastattn"].get("max_err")
+        print(f"| {case['id']} | {fmt_time(fa)} | {fmt_time(base)} | {_ratio(base, fa)} | "
+              f"{fmt_time(tt) if have_torch else 'n/a'} | {_ratio(tt, fa)} | "
+              f"{'—' if err is None else f'{err:.1e}'} |", file=stream)
+    return rows
+
+
+def _ratio(a, b):
+    return f"{a / b:.2f}×" if a and b else "—"
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--child":
+    _spec = json.loads(sys.argv[2])
+    print(json.dumps(child_main(_spec["lib"], _spec.get("case"), _spec["threads"],
+                                _spec["min_time"], _spec["check"])))
