@@ -1,0 +1,140 @@
+"""Type stubs for fastattn's public API."""
+from contextlib import AbstractContextManager
+from typing import Any, Literal, Sequence, TextIO, overload
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from . import reference as reference
+
+__version__: str
+
+_Float = np.floating[Any]
+_Causal = bool | Literal["top_left", "bottom_right"]
+_Window = None | int | tuple[int | None, int | None]
+
+
+# return_weights=False, return_lse=False -> out
+@overload
+def attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_weights: Literal[False] = ...,
+    return_lse: Literal[False] = ...,
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> NDArray[_Float]: ...
+# return_weights=True, return_lse=False -> (out, weights)
+@overload
+def attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_weights: Literal[True],
+    return_lse: Literal[False] = ...,
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> tuple[NDArray[_Float], NDArray[_Float]]: ...
+# return_weights=False, return_lse=True -> (out, lse)
+@overload
+def attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_weights: Literal[False] = ...,
+    return_lse: Literal[True],
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> tuple[NDArray[_Float], NDArray[_Float]]: ...
+# return_weights=True, return_lse=True -> (out, weights, lse)
+@overload
+def attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_weights: Literal[True],
+    return_lse: Literal[True],
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> tuple[NDArray[_Float], NDArray[_Float], NDArray[_Float]]: ...
+# flags only known at run time
+@overload
+def attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_weights: bool = ...,
+    return_lse: bool = ...,
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> NDArray[_Float] | tuple[NDArray[_Float], ...]: ...
+
+scaled_dot_product_attention = attention
+
+def softmax(
+    x: ArrayLike,
+    axis: int | None = ...,
+    *,
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> NDArray[_Float]: ...
+def log_softmax(
+    x: ArrayLike,
+    axis: int | None = ...,
+    *,
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> NDArray[_Float]: ...
+def merge_attention(
+    outs: Sequence[ArrayLike], lses: Sequence[ArrayLike]
+) -> tuple[NDArray[_Float], NDArray[_Float]]: ...
+def set_num_threads(n: int | None) -> None: ...
+def get_num_threads() -> int: ...
+def threads(n: int | None) -> AbstractContextManager[int]: ...
+def show_config(file: TextIO | None = ...) -> str: ...

@@ -1,0 +1,100 @@
+"""Type stubs for fastattn.reference (pure-NumPy float64 specification)."""
+from typing import Any, Literal, Sequence, overload
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+_F64 = NDArray[np.float64]
+_Causal = bool | Literal["top_left", "bottom_right"] | None
+_Window = None | int | tuple[int | None, int | None]
+
+__all__ = ["softmax", "log_softmax", "attention", "merge_attention"]
+
+def softmax(x: ArrayLike, axis: int | None = ...) -> _F64: ...
+def log_softmax(x: ArrayLike, axis: int | None = ...) -> _F64: ...
+@overload
+def attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_weights: Literal[False] = ...,
+    return_lse: Literal[False] = ...,
+) -> _F64: ...
+@overload
+def attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_weights: Literal[True],
+    return_lse: Literal[False] = ...,
+) -> tuple[_F64, _F64]: ...
+@overload
+def attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_weights: Literal[False] = ...,
+    return_lse: Literal[True],
+) -> tuple[_F64, _F64]: ...
+@overload
+def attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_weights: Literal[True],
+    return_lse: Literal[True],
+) -> tuple[_F64, _F64, _F64]: ...
+@overload
+def attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_weights: bool = ...,
+    return_lse: bool = ...,
+) -> _F64 | tuple[_F64, ...]: ...
+def merge_attention(outs: Sequence[ArrayLike], lses: Sequence[ArrayLike]) -> tuple[_F64, _F64]: ...
