@@ -1,0 +1,453 @@
+"""Every attention option of the fast API against the reference, singly and combined.
+
+mask, bias, causal (True / top_left / bottom_right), window, kv_lengths, softcap,
+ALiBi slopes, grouped heads (GQA / MQA), return_weights / return_lse, empty
+shapes, merge_attention of key splits, and torch where importable.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import fastattn
+from conftest import assert_close, compute_dtype, randn, reference as R
+
+FLOATS = [np.float32, np.float64]
+
+
+@pytest.fixture(autouse=True)
+def _warnings_are_errors():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+def check(q, k, v, dtype=None, **opts):
+    """Compare fast vs reference for out, weights and lse (and the out-only path)."""
+    if dtype is None:
+        dtype = q.dtype
+    dtype = np.dtype(dtype)
+    out, w, lse = fastattn.attention(q, k, v, return_weights=True, return_lse=True, **opts)
+    r_out, r_w, r_lse = R.attention(q, k, v, return_weights=True, return_lse=True, **opts)
+    desc = ", ".join(f"{a}={b if np.ndim(b) == 0 else np.shape(b)}" for a, b in opts.items())
+    assert out.dtype == dtype, f"out dtype {out.dtype} ({desc})"
+    assert lse.dtype == compute_dtype(dtype), f"lse dtype {lse.dtype} ({desc})"
+    assert out.shape == r_out.shape and w.shape == r_w.shape and lse.shape == r_lse.shape
+    assert not np.isnan(out).any(), f"NaN in output ({desc})"
+    assert not np.isnan(w).any(), f"NaN in weights ({desc})"
+    assert_close(out, r_out, dtype, what=f"out ({desc})")
+    assert_close(w, r_w, dtype, what=f"weights ({desc})")
+    assert_close(lse, r_lse, compute_dtype(dtype), what=f"lse ({desc})")
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(r_lse), err_msg=f"empty rows differ ({desc})")
+    # masked keys get exactly zero weight
+    assert (np.asarray(w)[r_w == 0] == 0).all(), f"invisible keys got non-zero weight ({desc})"
+    sums = np.asarray(w, np.float64).sum(-1)
+    tol = 1e-5 if compute_dtype(dtype) == np.float32 else 1e-12
+    expect = np.where(np.isneginf(r_lse), 0.0, 1.0)
+    np.testing.assert_allclose(sums, expect, atol=tol, err_msg=f"weight rows must sum to 1 or 0 ({desc})")
+    # the fast path without weights / lse gives the same output
+    out2 = fastattn.attention(q, k, v, **opts)
+    assert_close(out2, r_out, dtype, what=f"out, no weights ({desc})")
+    return out, w, lse
+
+
+def qkv(rng, B=2, Hq=3, Hk=None, Lq=13, Lk=21, D=16, Dv=8, dtype=np.float64):
+    Hk = Hq if Hk is None else Hk
+    return (randn(rng, (B, Hq, Lq, D), dtype), randn(rng, (B, Hk, Lk, D), dtype),
+            randn(rng, (B, Hk, Lk, Dv), dtype))
+
+
+# ------------------------------------------------------------------ mask
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("mshape", ["LqLk", "B1LqLk", "BHLqLk", "1Lk", "B11Lk"])
+def test_mask(mshape, dtype, rng):
+    B, H, Lq, Lk = 2, 3, 17, 70
+    q, k, v = qkv(rng, B, H, Lq=Lq, Lk=Lk, dtype=dtype)
+    shape = {"LqLk": (Lq, Lk), "B1LqLk": (B, 1, Lq, Lk), "BHLqLk": (B, H, Lq, Lk), "1Lk": (1, Lk),
+             "B11Lk": (B, 1, 1, Lk)}[mshape]
+    mask = rng.random(shape) < 0.6
+    if mshape in ("LqLk", "B1LqLk", "BHLqLk"):
+        mask[..., 3, :] = False  # a fully masked row
+    check(q, k, v, mask=mask)
+
+
+def test_mask_all_false_and_all_true(rng):
+    q, k, v = qkv(rng)
+    out, w, lse = check(q, k, v, mask=np.zeros((13, 21), bool))
+    np.testing.assert_array_equal(out, 0.0)
+    np.testing.assert_array_equal(lse, -np.inf)
+    a = fastattn.attention(q, k, v, mask=np.ones((13, 21), bool))
+    assert_close(a, fastattn.attention(q, k, v).astype(np.float64), np.float64)
+
+
+# ------------------------------------------------------------------ bias
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bshape", ["LqLk", "HLqLk", "BH1Lk", "BHLqLk"])
+def test_bias(bshape, dtype, rng):
+    B, H, Lq, Lk = 2, 3, 19, 40
+    q, k, v = qkv(rng, B, H, Lq=Lq, Lk=Lk, dtype=dtype)
+    shape = {"LqLk": (Lq, Lk), "HLqLk": (H, Lq, Lk), "BH1Lk": (B, H, 1, Lk), "BHLqLk": (B, H, Lq, Lk)}[bshape]
+    bias = randn(rng, shape, dtype, scale=2.0)
+    check(q, k, v, bias=bias)
+
+
+def test_bias_with_neg_inf_entries(rng):
+    q, k, v = qkv(rng, Lq=9, Lk=30)
+    bias = rng.standard_normal((9, 30))
+    bias[rng.random((9, 30)) < 0.5] = -np.inf
+    bias[4] = -np.inf  # whole row: acts like a fully masked row
+    out, w, lse = check(q, k, v, bias=bias)
+    np.testing.assert_array_equal(out[..., 4, :], 0.0)
+
+
+# ------------------------------------------------------------------ causal
+CAUSAL_SIZES = [(5, 9), (9, 5), (7, 7), (1, 100), (100, 1), (130, 67), (67, 130), (64, 64), (1, 1)]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("causal", [True, "top_left", "bottom_right"])
+@pytest.mark.parametrize("Lq,Lk", CAUSAL_SIZES)
+def test_causal(Lq, Lk, causal, dtype, rng):
+    q, k, v = qkv(rng, 1, 2, Lq=Lq, Lk=Lk, D=32, Dv=16, dtype=dtype)
+    check(q, k, v, causal=causal)
+
+
+def test_causal_true_equals_top_left(rng):
+    q, k, v = qkv(rng, Lq=20, Lk=33)
+    np.testing.assert_array_equal(fastattn.attention(q, k, v, causal=True),
+                                  fastattn.attention(q, k, v, causal="top_left"))
+    np.testing.assert_array_equal(fastattn.attention(q, k, v, causal=False), fastattn.attention(q, k, v))
+
+
+def test_causal_equals_explicit_tril_mask(rng):
+    for Lq, Lk in [(12, 30), (30, 12)]:
+        q, k, v = qkv(rng, Lq=Lq, Lk=Lk)
+        tl = np.tril(np.ones((Lq, Lk), bool))
+        br = np.tril(np.ones((Lq, Lk), bool), k=Lk - Lq)
+        assert_close(fastattn.attention(q, k, v, causal=True), R.attention(q, k, v, mask=tl), np.float64)
+        assert_close(fastattn.attention(q, k, v, causal="bottom_right"), R.attention(q, k, v, mask=br),
+                     np.float64)
+
+
+# ------------------------------------------------------------------ window
+WINDOWS = [0, 3, (0, 0), (4, 0), (None, 3), (3, None), (None, None), (2, 5), (0, None), (100, 100)]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+def test_window(window, causal, dtype, rng):
+    for Lq, Lk in [(23, 23), (10, 75), (75, 10)]:
+        q, k, v = qkv(rng, 1, 2, Lq=Lq, Lk=Lk, dtype=dtype)
+        check(q, k, v, window=window, causal=causal)
+
+
+def test_window_long_sequence(rng):
+    q, k, v = qkv(rng, 1, 2, Lq=300, Lk=700, D=64, Dv=64, dtype=np.float32)
+    check(q, k, v, window=(64, 0), causal="bottom_right")
+    check(q, k, v, window=(17, 33))
+
+
+def test_window_int_equals_pair(rng):
+    q, k, v = qkv(rng, Lq=30, Lk=30)
+    np.testing.assert_array_equal(fastattn.attention(q, k, v, window=4), fastattn.attention(q, k, v, window=(4, 4)))
+    assert_close(fastattn.attention(q, k, v, window=(None, None)), fastattn.attention(q, k, v).astype(float),
+                 np.float64)
+
+
+# ------------------------------------------------------------------ kv_lengths
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("lshape", ["B1", "BH", "scalar", "H"])
+def test_kv_lengths(lshape, dtype, rng):
+    B, H, Lq, Lk = 3, 2, 11, 50
+    q, k, v = qkv(rng, B, H, Lq=Lq, Lk=Lk, dtype=dtype)
+    lens = {"B1": np.array([[0], [Lk], [17]]), "BH": np.array([[0, 1], [Lk, 49], [17, 33]]),
+            "scalar": np.array(23), "H": np.array([5, Lk])}[lshape]
+    out, w, lse = check(q, k, v, kv_lengths=lens)
+    lb = np.broadcast_to(lens, (B, H))
+    for b in range(B):
+        for h in range(H):
+            if lb[b, h] == 0:
+                np.testing.assert_array_equal(out[b, h], 0)
+                np.testing.assert_array_equal(lse[b, h], -np.inf)
+            assert (np.asarray(w)[b, h, :, lb[b, h]:] == 0).all()
+
+
+@pytest.mark.parametrize("lens_dtype", [np.int32, np.int64, np.uint32, np.int16])
+def test_kv_lengths_int_dtypes(lens_dtype, rng):
+    q, k, v = qkv(rng, 2, 2, Lq=5, Lk=9)
+    check(q, k, v, kv_lengths=np.array([[3], [9]], dtype=lens_dtype))
+
+
+@pytest.mark.parametrize("causal", [True, "bottom_right"])
+def test_kv_lengths_with_causal(causal, rng):
+    q, k, v = qkv(rng, 3, 2, Lq=8, Lk=40)
+    check(q, k, v, kv_lengths=np.array([[3], [8], [40]]), causal=causal)
+    check(q, k, v, kv_lengths=np.array([[3], [8], [40]]), causal=causal, window=(2, 1))
+
+
+def test_kv_lengths_equals_slicing(rng):
+    q, k, v = qkv(rng, 2, 2, Lq=7, Lk=64, dtype=np.float32)
+    lens = np.array([[10], [64]])
+    out = fastattn.attention(q, k, v, kv_lengths=lens, causal="bottom_right")
+    for b in range(2):
+        L = lens[b, 0]
+        want = fastattn.attention(q[b], k[b, :, :L], v[b, :, :L], causal="bottom_right")
+        assert_close(out[b], want.astype(np.float64), np.float32)
+
+
+# ------------------------------------------------------------------ softcap
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("softcap", [0.5, 1.0, 5.0, 30.0, 1e6])
+def test_softcap(softcap, dtype, rng):
+    q, k, v = qkv(rng, Lq=14, Lk=29, dtype=dtype)
+    check(q, k, v, softcap=softcap, scale=2.0)
+    check(q, k, v, softcap=softcap, causal=True)
+
+
+def test_softcap_huge_is_no_cap(rng):
+    q, k, v = qkv(rng, Lq=8, Lk=10)
+    assert_close(fastattn.attention(q, k, v, softcap=1e9), R.attention(q, k, v), np.float64, tol=1e-10)
+
+
+# ------------------------------------------------------------------ alibi
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("sshape", ["H", "BH", "scalar", "B1"])
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+def test_alibi(sshape, causal, dtype, rng):
+    B, H = 2, 4
+    q, k, v = qkv(rng, B, H, Lq=15, Lk=37, dtype=dtype)
+    slopes = {"H": 2.0 ** -np.arange(1, H + 1), "BH": rng.uniform(0, 1, (B, H)), "scalar": np.array(0.3),
+              "B1": np.array([[0.1], [0.7]])}[sshape].astype(dtype)
+    check(q, k, v, alibi_slopes=slopes, causal=causal)
+
+
+def test_alibi_with_kv_lengths_bottom_right(rng):
+    q, k, v = qkv(rng, 2, 2, Lq=6, Lk=30)
+    check(q, k, v, alibi_slopes=np.array([0.5, 0.25]), kv_lengths=np.array([[9], [30]]),
+          causal="bottom_right", window=(5, 0))
+
+
+def test_alibi_zero_slope_is_plain(rng):
+    q, k, v = qkv(rng)
+    assert_close(fastattn.attention(q, k, v, alibi_slopes=np.zeros(3)), R.attention(q, k, v), np.float64)
+
+
+# ------------------------------------------------------------------ GQA / MQA
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("Hq,Hk", [(4, 2), (8, 2), (4, 1), (6, 3), (3, 3)])
+def test_grouped_heads(Hq, Hk, dtype, rng):
+    q, k, v = qkv(rng, 2, Hq, Hk, Lq=19, Lk=45, D=32, Dv=24, dtype=dtype)
+    out, _, _ = check(q, k, v)
+    g = Hq // Hk
+    for h in range(Hq):
+        want = R.attention(q[:, h], k[:, h // g], v[:, h // g])
+        assert_close(out[:, h], want, dtype, what=f"query head {h} -> kv head {h // g}")
+
+
+def test_grouped_heads_with_options(rng):
+    B, Hq, Hk = 2, 8, 2
+    q, k, v = qkv(rng, B, Hq, Hk, Lq=12, Lk=40)
+    check(q, k, v, causal="bottom_right", kv_lengths=np.array([[20], [40]]),
+          alibi_slopes=2.0 ** -np.arange(1, Hq + 1), window=(8, 0), softcap=5.0,
+          mask=rng.random((B, 1, 12, 40)) < 0.9, bias=rng.standard_normal((Hq, 12, 40)))
+    check(q, k, v, kv_lengths=rng.integers(0, 41, size=(B, Hq)))
+
+
+def test_mqa_broadcast_2d_kv(rng):
+    q = randn(rng, (2, 4, 9, 16))
+    k = randn(rng, (30, 16))
+    v = randn(rng, (30, 8))
+    check(q, k, v, causal="bottom_right")
+
+
+# ------------------------------------------------------------------ return values & empty shapes
+def test_return_structure(rng):
+    q, k, v = qkv(rng)
+    out = fastattn.attention(q, k, v)
+    assert isinstance(out, np.ndarray)
+    r = fastattn.attention(q, k, v, return_weights=True)
+    assert isinstance(r, tuple) and len(r) == 2 and r[1].shape == (2, 3, 13, 21)
+    r = fastattn.attention(q, k, v, return_lse=True)
+    assert isinstance(r, tuple) and len(r) == 2 and r[1].shape == (2, 3, 13)
+    r = fastattn.attention(q, k, v, return_weights=True, return_lse=True)
+    assert isinstance(r, tuple) and len(r) == 3
+    assert r[1].shape == (2, 3, 13, 21) and r[2].shape == (2, 3, 13)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_weights_are_softmax_of_scores(dtype, rng):
+    q, k, v = qkv(rng, Lq=33, Lk=65, dtype=dtype)
+    bias = randn(rng, (33, 65), dtype)
+    _, w = fastattn.attention(q, k, v, bias=bias, scale=0.7, return_weights=True)
+    s = 0.7 * q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2) + bias
+    assert_close(w, R.softmax(s), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_lk_zero(dtype, rng):
+    q, k, v = qkv(rng, Lq=5, Lk=0, dtype=dtype)
+    out, w, lse = check(q, k, v)
+    assert out.shape == (2, 3, 5, 8) and w.shape == (2, 3, 5, 0)
+    np.testing.assert_array_equal(out, 0)
+    np.testing.assert_array_equal(lse, -np.inf)
+    check(q, k, v, causal="bottom_right")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_lq_zero(dtype, rng):
+    q, k, v = qkv(rng, Lq=0, Lk=7, dtype=dtype)
+    out, w, lse = check(q, k, v)
+    assert out.shape == (2, 3, 0, 8) and w.shape == (2, 3, 0, 7) and lse.shape == (2, 3, 0)
+    q, k, v = qkv(rng, Lq=0, Lk=0, dtype=dtype)
+    out = fastattn.attention(q, k, v)
+    assert out.shape == (2, 3, 0, 8)
+
+
+def test_zero_batch(rng):
+    q, k, v = qkv(rng, B=0, Lq=4, Lk=5)
+    out, lse = fastattn.attention(q, k, v, return_lse=True)
+    assert out.shape == (0, 3, 4, 8) and lse.shape == (0, 3, 4)
+
+
+# ------------------------------------------------------------------ combinations
+def _random_opts(rng, B, Hq, Lq, Lk, dtype):
+    o = {}
+    if rng.random() < 0.5:
+        o["causal"] = [True, "top_left", "bottom_right"][rng.integers(3)]
+    if rng.random() < 0.35:
+        o["mask"] = rng.random([(Lq, Lk), (B, 1, Lq, Lk), (B, Hq, Lq, Lk)][rng.integers(3)]) < 0.8
+    if rng.random() < 0.35:
+        o["bias"] = randn(rng, [(Lq, Lk), (Hq, Lq, Lk)][rng.integers(2)], dtype)
+    if rng.random() < 0.35:
+        w = int(rng.integers(0, 40))
+        o["window"] = [w, (w, 0), (None, w), (w, None), (w // 2, w)][rng.integers(5)]
+    if rng.random() < 0.35:
+        o["kv_lengths"] = rng.integers(0, Lk + 1, size=[(B, 1), (B, Hq)][rng.integers(2)])
+    if rng.random() < 0.3:
+        o["softcap"] = float(rng.uniform(0.5, 20))
+    if rng.random() < 0.3:
+        o["alibi_slopes"] = rng.uniform(0, 0.5, size=[(Hq,), (B, Hq)][rng.integers(2)]).astype(dtype)
+    if rng.random() < 0.2:
+        o["scale"] = float(rng.uniform(0.01, 1.0))
+    return o
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_random_combinations(case):
+    rng = np.random.default_rng(20_000 + case)
+    dtype = [np.float32, np.float64][case % 2]
+    B = int(rng.integers(1, 3))
+    Hk = int(rng.integers(1, 3))
+    Hq = Hk * int(rng.choice([1, 2, 4]))
+    Lq = int(rng.choice([1, 3, 17, 64, 65, 130]))
+    Lk = int(rng.choice([1, 2, 17, 63, 129, 300]))
+    D = int(rng.choice([1, 8, 64, 80]))
+    Dv = int(rng.choice([1, 16, 64]))
+    q, k, v = qkv(rng, B, Hq, Hk, Lq=Lq, Lk=Lk, D=D, Dv=Dv, dtype=dtype)
+    opts = _random_opts(rng, B, Hq, Lq, Lk, dtype)
+    check(q, k, v, **opts)
+
+
+# ------------------------------------------------------------------ merge_attention
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("nparts", [1, 2, 3, 6])
+def test_merge_random_key_splits(nparts, dtype, rng):
+    q, k, v = qkv(rng, 2, 3, Lq=16, Lk=90, dtype=dtype)
+    full, full_lse = fastattn.attention(q, k, v, return_lse=True)
+    labels = rng.integers(0, nparts, size=90)
+    labels[:nparts] = np.arange(nparts)  # every part non-empty
+    outs, lses = [], []
+    for p in range(nparts):
+        idx = np.flatnonzero(labels == p)
+        o, l = fastattn.attention(q, k[..., idx, :], v[..., idx, :], return_lse=True, scale=1 / 4)
+        outs.append(o)
+        lses.append(l)
+    out, lse = fastattn.merge_attention(outs, lses)
+    assert out.shape == full.shape and lse.shape == full_lse.shape
+    assert_close(out, full, dtype)
+    assert_close(lse, full_lse, dtype)
+    assert_close(out, R.attention(q, k, v), dtype)
+
+
+def test_merge_contiguous_chunks_with_causal_mask(rng):
+    """Split keys into chunks (ring/flash-decoding style) with a global causal mask."""
+    Lq = Lk = 50
+    q, k, v = qkv(rng, 1, 2, Lq=Lq, Lk=Lk)
+    full = R.attention(q, k, v, causal=True)
+    tril = np.tril(np.ones((Lq, Lk), bool))
+    outs, lses = [], []
+    for lo, hi in [(0, 7), (7, 30), (30, 50)]:
+        o, l = fastattn.attention(q, k[..., lo:hi, :], v[..., lo:hi, :], mask=tril[:, lo:hi],
+                                  scale=1 / 4, return_lse=True)
+        outs.append(o)
+        lses.append(l)
+    out, lse = fastattn.merge_attention(outs, lses)
+    assert_close(out, full, np.float64)
+    assert not np.isnan(out).any()
+
+
+def test_merge_all_empty_rows():
+    outs = [np.zeros((2, 4, 3)), np.ones((2, 4, 3))]
+    lses = [np.full((2, 4), -np.inf), np.full((2, 4), -np.inf)]
+    lses[1][0, 1] = 0.5
+    out, lse = fastattn.merge_attention(outs, lses)
+    assert not np.isnan(out).any()
+    np.testing.assert_array_equal(out[1], 0)
+    np.testing.assert_array_equal(out[0, 1], 1.0)
+    assert lse[0, 1] == 0.5
+    np.testing.assert_array_equal(lse[1], -np.inf)
+    want_o, want_l = R.merge_attention(outs, lses)
+    assert_close(out, want_o, np.float64)
+    assert_close(lse, want_l, np.float64)
+
+
+# ------------------------------------------------------------------ torch
+def _t(torch, *arrs):
+    return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrs]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_torch_bool_and_float_masks(dtype):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(11)
+    q, k, v = qkv(rng, 2, 3, Lq=17, Lk=33, D=32, Dv=16, dtype=dtype)
+    mask = rng.random((2, 1, 17, 33)) < 0.7
+    mask[..., 0] = True  # torch gives NaN for fully masked rows; avoid them here
+    tol = 1e-5 if dtype == np.float32 else 1e-10
+    want = F.scaled_dot_product_attention(*_t(torch, q, k, v), attn_mask=torch.from_numpy(mask)).numpy()
+    assert_close(fastattn.attention(q, k, v, mask=mask), want, dtype, tol=tol)
+    bias = randn(rng, (3, 17, 33), dtype)
+    want = F.scaled_dot_product_attention(*_t(torch, q, k, v), attn_mask=torch.from_numpy(bias)).numpy()
+    assert_close(fastattn.attention(q, k, v, bias=bias), want, dtype, tol=tol)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("Lq,Lk", [(20, 20), (10, 30), (30, 10)])
+def test_torch_is_causal(Lq, Lk, dtype):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(12)
+    q, k, v = qkv(rng, 1, 2, Lq=Lq, Lk=Lk, D=16, Dv=16, dtype=dtype)
+    tol = 1e-5 if dtype == np.float32 else 1e-10
+    want = F.scaled_dot_product_attention(*_t(torch, q, k, v), is_causal=True).numpy()
+    got = fastattn.attention(q, k, v, causal=True)  # torch's is_causal is top-left aligned
+    assert_close(got, want, dtype, tol=tol)
+
+
+@pytest.mark.parametrize("Hq,Hk", [(4, 2), (8, 1), (6, 3)])
+def test_torch_enable_gqa(Hq, Hk):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(13)
+    for dtype in FLOATS:
+        q, k, v = qkv(rng, 2, Hq, Hk, Lq=15, Lk=31, D=32, Dv=32, dtype=dtype)
+        try:
+            want = F.scaled_dot_product_attention(*_t(torch, q, k, v), enable_gqa=True, scale=0.3).numpy()
+        except TypeError:
+            pytest.skip("this torch has no enable_gqa")
+        tol = 1e-5 if dtype == np.float32 else 1e-10
+        assert_close(fastattn.attention(q, k, v, scale=0.3), want, dtype, tol=tol)
