@@ -1,0 +1,375 @@
+"""Public functions: argument checking, dtype promotion, output allocation.
+
+Everything about *what* to compute is decided here; the compiled kernels
+(``fastattn._kernels._attn_<isa>``, chosen by ``fastattn._dispatch``) only
+execute the plan.  Inputs are never written and never copied when they already
+have the compute dtype: broadcast batch dims, transposed or negative strides,
+read-only and memory-mapped arrays are passed to the kernels as they are.
+Copies happen only for dtype conversion (float16, integers, mixed dtypes,
+big-endian data) and for misaligned data.
+"""
+import math
+import numbers
+import operator
+
+import numpy as np
+
+from . import _dispatch
+from ._threads import resolve_num_threads
+
+_K = _dispatch.kernels
+
+__all__ = ["attention", "scaled_dot_product_attention", "softmax", "log_softmax", "merge_attention"]
+
+
+# ---------------------------------------------------------------- helpers
+
+def _as_array(x, name):
+    a = np.asarray(x)
+    kind = a.dtype.kind
+    if kind not in "fiub":
+        if kind == "c":
+            raise TypeError(f"{name}: complex arrays are not supported (dtype {a.dtype})")
+        raise TypeError(f"{name}: expected a real numeric array, got dtype {a.dtype}")
+    return a
+
+
+def _dtypes(*arrays):
+    """(compute dtype, output dtype) for inputs promoted like np.result_type."""
+    rt = np.result_type(*arrays)
+    if rt == np.float32:
+        return np.dtype(np.float32), np.dtype(np.float32)
+    if rt == np.float16:
+        return np.dtype(np.float32), np.dtype(np.float16)
+    return np.dtype(np.float64), np.dtype(np.float64)
+
+
+def _to_compute(a, dtype):
+    """a in the compute dtype, native byte order and aligned; a view when possible."""
+    if a.dtype != dtype:  # also catches non-native byte order
+        return a.astype(dtype)
+    if not a.flags.aligned or a.strides and any(s % a.itemsize for s in a.strides):
+        return np.array(a, dtype=dtype)
+    return a
+
+
+def _broadcast(shapes, names):
+    try:
+        return np.broadcast_shapes(*shapes)
+    except ValueError:
+        desc = ", ".join(f"{n} {s}" for n, s in zip(names, shapes))
+        raise ValueError(f"batch dimensions do not broadcast: {desc}") from None
+
+
+def _check_out(out, shape, dtype, inputs, name="out"):
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"{name} has shape {out.shape}, expected {tuple(shape)}")
+    if out.dtype != dtype:
+        raise TypeError(f"{name} has dtype {out.dtype}, expected {dtype}")
+    if not out.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    for arr_name, arr in inputs:
+        if arr is not None and np.may_share_memory(out, arr):
+            raise ValueError(f"{name} overlaps the input {arr_name}")
+
+
+def _check_real(value, name):
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real number, got {value!r}") from None
+    if isinstance(value, (bool, np.bool_)) or isinstance(value, complex):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return v
+
+
+def _window_side(w, name):
+    if w is None:
+        return -1
+    if isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Integral):
+        raise TypeError(f"window: {name} side must be an int or None, got {w!r}")
+    w = operator.index(w)
+    if w < 0:
+        raise ValueError(f"window: {name} side must be >= 0, got {w}")
+    return w
+
+
+def _parse_window(window):
+    if window is None:
+        return -1, -1
+    if isinstance(window, (tuple, list)):
+        if len(window) != 2:
+            raise ValueError(f"window must be an int or a (left, right) pair, got {window!r}")
+        return _window_side(window[0], "left"), _window_side(window[1], "right")
+    w = _window_side(window, "both")
+    return w, w
+
+
+_CAUSAL = {False: 0, None: 0, True: 1, "top_left": 1, "bottom_right": 2}
+
+
+def _parse_causal(causal):
+    if isinstance(causal, (bool, np.bool_)) or causal is None:
+        return 1 if causal else 0
+    if isinstance(causal, str) and causal in _CAUSAL:
+        return _CAUSAL[causal]
+    raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+
+
+def _batch_table(values, name, bshape_q, nbatch_g, dtype):
+    """A contiguous (prod(bshape_q),) table of a per-(batch, head) option."""
+    try:
+        t = np.broadcast_to(values, bshape_q)
+    except ValueError:
+        raise ValueError(f"{name} with shape {np.shape(values)} does not broadcast to the "
+                         f"batch dimensions {tuple(bshape_q)}") from None
+    t = np.ascontiguousarray(t, dtype=dtype).reshape(-1)
+    assert t.size == nbatch_g
+    return t
+
+
+def _score_operand(x, name, full_shape):
+    """mask / bias: must broadcast to (..., Lq, Lk); returned with >= 2 dims."""
+    if x.ndim > len(full_shape) or np.broadcast_shapes(x.shape, full_shape) != tuple(full_shape):
+        raise ValueError(f"{name} with shape {x.shape} does not broadcast to the score shape "
+                         f"{tuple(full_shape)}")
+    if x.ndim < 2:
+        x = x.reshape((1,) * (2 - x.ndim) + x.shape)
+    return x
+
+
+# ---------------------------------------------------------------- attention
+
+def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
+              kv_lengths=None, softcap=None, alibi_slopes=None, return_weights=False,
+              return_lse=False, out=None, num_threads=None):
+    """Exact scaled dot-product attention, ``softmax(q @ kᵀ * scale + ...) @ v``.
+
+    Parameters
+    ----------
+    q : array_like, shape (..., Lq, Dk)
+    k : array_like, shape (..., Lk, Dk)
+    v : array_like, shape (..., Lk, Dv)
+        Leading (batch) dims broadcast by NumPy rules without copies.  When the
+        head axis (-3) of ``q`` is g > 1 times that of ``k``/``v``, query head h
+        uses key/value head h // g (grouped-query attention).
+    scale : float, optional
+        Multiplies the scores; default ``1 / sqrt(Dk)``.
+    causal : {False, True, "top_left", "bottom_right"}
+        ``True``/"top_left": query i sees keys j <= i.  "bottom_right": query i
+        sees keys j <= i + Lk_eff - Lq (KV-cache alignment).
+    mask : bool array broadcastable to (..., Lq, Lk), optional
+        True where a query may attend to a key.
+    bias : float array broadcastable to (..., Lq, Lk), optional
+        Added to the (scaled, soft-capped) scores.
+    window : int or (left, right), optional
+        Key j is visible iff p(i) - left <= j <= p(i) + right (None = unbounded).
+    kv_lengths : int array broadcastable to the batch dims, optional
+        Keys j >= length are invisible.
+    softcap : float > 0, optional
+        Scores s become softcap * tanh(s / softcap) before bias and masking.
+    alibi_slopes : float array broadcastable to the batch dims, optional
+        Adds -slope * |p(i) - j| to each score.
+    return_weights, return_lse : bool
+        Also return the attention weights (..., Lq, Lk) and the log-sum-exp of
+        each row (..., Lq).
+    out : ndarray, optional
+        Written in place and returned; exactly the result's shape and dtype.
+    num_threads : int, optional
+        Threads for this call (default: ``fastattn.get_num_threads()``).
+
+    Returns
+    -------
+    out, or the tuple (out, weights, lse) with only the parts asked for.
+    A query row that sees no key gives output 0, weights 0 and lse -inf.
+    """
+    q = _as_array(q, "q")
+    k = _as_array(k, "k")
+    v = _as_array(v, "v")
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if a.ndim < 2:
+            raise ValueError(f"{name} must have at least 2 dimensions (..., L, D), got shape {a.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same last dimension Dk: q {q.shape}, k {k.shape}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of keys Lk: k {k.shape}, v {v.shape}")
+    nthreads = resolve_num_threads(num_threads)
+    cdt, odt = _dtypes(q, k, v)
+    Lq, Dk = q.shape[-2:]
+    Lk, Dv = v.shape[-2:]
+
+    # batch dims, with grouped heads folded into the query rows
+    qb, kb, vb = q.shape[:-2], k.shape[:-2], v.shape[:-2]
+    kvb = _broadcast((kb, vb), ("k", "v"))
+    g = 1
+    if len(qb) >= 1 and len(kvb) >= 1 and kvb[-1] not in (1, qb[-1]) and qb[-1] % kvb[-1] == 0:
+        g = qb[-1] // kvb[-1]
+    if g > 1:
+        bshape = _broadcast((qb[:-1] + (kvb[-1],), kb, vb), ("q (heads grouped)", "k", "v"))
+        bshape_q = bshape[:-1] + (qb[-1],)
+    else:
+        bshape = _broadcast((qb, kb, vb), ("q", "k", "v"))
+        bshape_q = bshape
+    out_shape = bshape_q + (Lq, Dv)
+    score_shape = bshape_q + (Lq, Lk)
+    nbatch_g = math.prod(bshape_q)
+
+    causal_code = _parse_causal(causal)
+    wl, wr = _parse_window(window)
+    scale = 1.0 / math.sqrt(Dk) if scale is None and Dk > 0 else (1.0 if scale is None else _check_real(scale, "scale"))
+    if softcap is None:
+        softcap = 0.0
+    else:
+        softcap = _check_real(softcap, "softcap")
+        if softcap <= 0:
+            raise ValueError(f"softcap must be > 0, got {softcap}")
+
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.dtype != np.bool_:
+            raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {mask.dtype}")
+        mask = _score_operand(mask, "mask", score_shape)
+    if bias is not None:
+        bias = _as_array(bias, "bias")
+        bias = _to_compute(_score_operand(bias, "bias", score_shape), cdt)
+    kvlen = None
+    if kv_lengths is not None:
+        kl = np.asarray(kv_lengths)
+        if kl.dtype.kind not in "iu":
+            raise TypeError(f"kv_lengths must be an integer array, got dtype {kl.dtype}")
+        kvlen = _batch_table(kl, "kv_lengths", bshape_q, nbatch_g, np.int64)
+        if kvlen.size and (kvlen.min() < 0 or kvlen.max() > Lk):
+            raise ValueError(f"kv_lengths must lie in [0, Lk={Lk}], got values in "
+                             f"[{kvlen.min()}, {kvlen.max()}]")
+    slopes = None
+    if alibi_slopes is not None:
+        sl = _as_array(alibi_slopes, "alibi_slopes")
+        slopes = _batch_table(sl, "alibi_slopes", bshape_q, nbatch_g, cdt)
+
+    inputs = (("q", q), ("k", k), ("v", v), ("mask", mask), ("bias", bias))
+    if out is not None:
+        _check_out(out, out_shape, odt, inputs)
+    qc, kc, vc = _to_compute(q, cdt), _to_compute(k, cdt), _to_compute(v, cdt)
+    if out is not None and odt == cdt and out.flags.aligned:
+        result = out
+    else:
+        result = np.empty(out_shape, dtype=cdt)
+    weights = np.empty(score_shape, dtype=cdt) if return_weights else None
+    lse = np.empty(bshape_q + (Lq,), dtype=cdt) if return_lse else None
+
+    _K.attention_forward(qc, kc, vc, result, tuple(bshape), g, scale, causal_code, wl, wr,
+                         softcap, mask, bias, kvlen, slopes, weights, lse, nthreads)
+
+    if out is not None:
+        if result is not out:
+            out[...] = result
+        result = out
+    elif odt != cdt:
+        result = result.astype(odt)
+    if not (return_weights or return_lse):
+        return result
+    parts = [result]
+    if return_weights:
+        parts.append(weights if odt == cdt else weights.astype(odt))
+    if return_lse:
+        parts.append(lse)
+    return tuple(parts)
+
+
+scaled_dot_product_attention = attention
+
+
+# ---------------------------------------------------------------- softmax
+
+def _softmax(x, axis, out, num_threads, log_mode, fname):
+    x = _as_array(x, "x")
+    nthreads = resolve_num_threads(num_threads)
+    cdt, odt = _dtypes(x)
+    if out is not None:
+        _check_out(out, x.shape, odt, (("x", x),))
+    xc = _to_compute(x, cdt)
+    if axis is None:
+        flat = np.ascontiguousarray(xc).reshape(1, -1) if xc.ndim != 1 else xc.reshape(1, -1)
+        res = np.empty(flat.shape, dtype=cdt)
+        if flat.size:
+            _K.softmax_forward(flat, res, log_mode, nthreads)
+        res = res.reshape(x.shape)
+    else:
+        if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
+            raise TypeError(f"{fname}: axis must be an int or None, got {axis!r}")
+        axis = np.lib.array_utils.normalize_axis_index(operator.index(axis), x.ndim)
+        direct = out is not None and odt == cdt and out.flags.aligned
+        res = out if direct else np.empty(x.shape, dtype=cdt)
+        _K.softmax_forward(np.moveaxis(xc, axis, -1), np.moveaxis(res, axis, -1), log_mode, nthreads)
+        if direct:
+            return out
+    if out is not None:
+        out[...] = res
+        return out
+    return res if odt == cdt else res.astype(odt)
+
+
+def softmax(x, axis=-1, *, out=None, num_threads=None):
+    """Max-stabilised softmax along ``axis`` (an int, or None for the whole array).
+
+    A slice that is entirely -inf gives zeros; +inf or NaN in a slice gives NaN
+    in that slice only.  float32/float64 are computed natively, float16 in
+    float32, integers and bools in float64.
+    """
+    return _softmax(x, axis, out, num_threads, False, "softmax")
+
+
+def log_softmax(x, axis=-1, *, out=None, num_threads=None):
+    """``log(softmax(x))`` computed stably as ``x - max - log(sum(exp(x - max)))``.
+
+    A slice that is entirely -inf gives -inf; +inf or NaN gives NaN.
+    """
+    return _softmax(x, axis, out, num_threads, True, "log_softmax")
+
+
+# ---------------------------------------------------------------- merging partial results
+
+def merge_attention(outs, lses):
+    """Combine attention results computed over disjoint sets of keys.
+
+    Parameters
+    ----------
+    outs : sequence of arrays (..., Lq, Dv)
+        Each part's (normalised) attention output.
+    lses : sequence of arrays (..., Lq)
+        Each part's log-sum-exp (``attention(..., return_lse=True)``).
+
+    Returns
+    -------
+    (out, lse) over the union of the keys.  Rows that no part saw stay 0 / -inf.
+    """
+    outs = [_as_array(o, "outs") for o in outs]
+    lses = [_as_array(s, "lses") for s in lses]
+    if len(outs) != len(lses) or not outs:
+        raise ValueError(f"merge_attention needs one lse per output and at least one part, "
+                         f"got {len(outs)} outputs and {len(lses)} lses")
+    for o, s in zip(outs, lses):
+        if o.ndim < 1 or o.shape[:-1] != s.shape:
+            raise ValueError(f"each output must have shape lse.shape + (Dv,): got outs {o.shape}, lses {s.shape}")
+        if o.shape != outs[0].shape:
+            raise ValueError(f"all outputs must have the same shape: {outs[0].shape} vs {o.shape}")
+    cdt, _ = _dtypes(*outs, *lses)
+    L = np.stack([s.astype(cdt, copy=False) for s in lses])
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        M = L.max(axis=0)
+        nan_rows = np.isnan(L).any(axis=0)
+        M_safe = np.where(np.isfinite(M), M, 0).astype(cdt)
+        w = np.where(L == -np.inf, 0, np.exp(L - M_safe))
+        total = w.sum(axis=0)
+        seen = total > 0
+        lse = np.where(seen, M_safe + np.log(np.where(seen, total, 1)), -np.inf).astype(cdt)
+        out = np.zeros(outs[0].shape, dtype=cdt)
+        for wi, oi in zip(w, outs):
+            out += (wi / np.where(seen, total, 1))[..., None] * oi.astype(cdt, copy=False)
+        lse[nan_rows] = np.nan
+        out[nan_rows] = np.nan
+    return out, lse

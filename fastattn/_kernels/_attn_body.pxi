@@ -1,0 +1,840 @@
+# The kernel body shared by every ISA variant (_attn_baseline.pyx, _attn_avx2.pyx,
+# _attn_avx512.pyx include it; setup.py compiles each with its own -march flags).
+#
+# Division of labour: fastattn/_api.py validates arguments, promotes dtypes and
+# allocates outputs; `attention_forward` / `softmax_forward` below turn the arrays
+# into a flat plan (pointers, element strides, a broadcast batch shape) and run
+# the OpenMP loops without the GIL.  The register-blocked micro-kernels and the
+# vectorised exp live in simd.h.
+
+from cython.parallel cimport prange, parallel
+from libc.stdint cimport int64_t, uint8_t, uintptr_t
+from libc.math cimport exp, log, INFINITY
+
+cimport numpy as cnp
+
+cnp.import_array()
+
+ctypedef fused floating:
+    float
+    double
+
+cdef extern from "simd.h" nogil:
+    """
+    #if FASTATTN_HAVE_OPENMP
+    #include <omp.h>
+    #endif
+    """
+    const char *FA_ISA
+    enum:
+        FA_VBYTES
+        FA_QK_MR
+        FA_QK_NV
+        FA_PV_MR
+        FA_PV_NV
+    void *fa_alloc(size_t nbytes)
+    void fa_free(void *p)
+    float fa_row_max_f(const float *x, int64_t n)
+    double fa_row_max_d(const double *x, int64_t n)
+    float fa_row_exp_sum_f(const float *x, float *y, int64_t n, float m)
+    double fa_row_exp_sum_d(const double *x, double *y, int64_t n, double m)
+    void fa_row_scale_f(const float *x, float *y, int64_t n, float a)
+    void fa_row_scale_d(const double *x, double *y, int64_t n, double a)
+    void fa_row_shift_f(const float *x, float *y, int64_t n, float a)
+    void fa_row_shift_d(const double *x, double *y, int64_t n, double a)
+    void fa_row_softcap_f(float *x, int64_t n, float c)
+    void fa_row_softcap_d(double *x, int64_t n, double c)
+    void fa_qk_block_f(const float *qp, int64_t ldq, const float *kt, int64_t D,
+                       float *s, int64_t lds, int64_t c0, int64_t c1)
+    void fa_qk_block_d(const double *qp, int64_t ldq, const double *kt, int64_t D,
+                       double *s, int64_t lds, int64_t c0, int64_t c1)
+    void fa_pv_block_f(const float *p, int64_t ldp, const float *vp, int64_t ldv,
+                       int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+    void fa_pv_block_d(const double *p, int64_t ldp, const double *vp, int64_t ldv,
+                       int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
+
+ISA = FA_ISA.decode()
+
+cdef enum:
+    MAXDIM = 64          # batch dims supported (NumPy's own limit)
+    BLOCK_Q = 64         # query rows per work unit
+    BLOCK_K = 64         # keys per tile (a multiple of every QK panel width)
+    SPLIT_TARGET = 32    # split the key range when fewer units than this ...
+    SPLIT_MIN_KEYS = 512 # ... into chunks of at least this many keys
+    CAUSAL_NONE = 0
+    CAUSAL_TOP_LEFT = 1
+    CAUSAL_BOTTOM_RIGHT = 2
+    MODE_ONLINE = 0      # online softmax, final out and lse
+    MODE_STATS = 1       # first pass of return_weights: only the row lse
+    MODE_WEIGHTS = 2     # second pass: weights = exp(s - lse), out = weights . V
+    MODE_PARTIAL = 3     # one key split of a decode problem: m, l, unnormalised out
+
+
+# ---------------------------------------------------------------- the plan
+
+cdef struct Operand:
+    char *base                 # data pointer (compute dtype, bool for masks)
+    int64_t bs[MAXDIM]         # strides of the broadcast batch dims, in elements (0 = broadcast)
+    int64_t sg                 # stride between query heads of one key/value head group (GQA)
+    int64_t sr                 # row stride
+    int64_t sc                 # column stride
+
+cdef struct Plan:
+    int nb                     # number of batch dims
+    int64_t bshape[MAXDIM]
+    int64_t nbatch             # product of bshape
+    int64_t g                  # query heads per key/value head (1 without GQA)
+    int64_t Lq, Lk, Dk, Dv
+    int64_t nrows              # g * Lq: the query rows of one batch element
+    double scale
+    double softcap             # 0: none
+    int causal
+    int64_t wl, wr             # window sides, -1: unbounded
+    int has_mask, has_bias, has_kvlen, has_alibi, want_lse, want_weights
+    Operand q, k, v, o, mask, bias, w, lse
+    int64_t *kvlen             # (nbatch * g) valid key counts
+    char *slopes               # (nbatch * g) ALiBi slopes, compute dtype
+
+
+cdef inline int64_t batch_offset(const Plan *P, const Operand *op, int64_t b) noexcept nogil:
+    """Element offset of batch element b (row-major over bshape) in operand op."""
+    cdef int64_t off = 0, idx
+    cdef int d
+    for d in range(P.nb - 1, -1, -1):
+        idx = b % P.bshape[d]
+        b = b // P.bshape[d]
+        off += idx * op.bs[d]
+    return off
+
+
+cdef int fill_operand(Operand *op, cnp.ndarray a, int trailing, const Plan *P, int64_t hq,
+                      int64_t col_stride_bytes_ok) except -1:
+    """Describe array `a` whose last `trailing` dims are (rows[, cols]) and whose
+    leading dims broadcast to the plan's batch shape, the last batch dim being the
+    query-head axis of size hq = g * bshape[-1] when GQA folds heads into rows."""
+    cdef int nd = a.ndim
+    cdef int nbd = nd - trailing
+    cdef int64_t item = a.itemsize
+    cdef int d, pd
+    cdef int64_t size, stride
+    op.base = <char *>cnp.PyArray_DATA(a)
+    op.sg = 0
+    for d in range(P.nb):
+        op.bs[d] = 0
+    for d in range(nbd):
+        pd = P.nb - nbd + d
+        size = a.shape[d]
+        stride = a.strides[d]
+        if stride % item:
+            raise ValueError("array strides must be multiples of the item size")
+        stride //= item
+        if size == 1:
+            continue
+        if pd == P.nb - 1 and P.g > 1 and size == hq:
+            op.bs[pd] = stride * P.g
+            op.sg = stride
+        else:
+            op.bs[pd] = stride
+    op.sr = a.strides[nd - trailing] // item if trailing >= 1 else 0
+    op.sc = a.strides[nd - 1] // item if trailing >= 2 else 0
+    if trailing >= 1 and a.shape[nd - trailing] == 1:
+        op.sr = 0
+    if trailing >= 2 and a.shape[nd - 1] == 1:
+        op.sc = 0
+    return 0
+
+
+# ---------------------------------------------------------------- fused-type wrappers
+
+cdef inline floating row_max(const floating *x, int64_t n) noexcept nogil:
+    if floating is float:
+        return fa_row_max_f(x, n)
+    else:
+        return fa_row_max_d(x, n)
+
+cdef inline floating row_exp_sum(const floating *x, floating *y, int64_t n, floating m) noexcept nogil:
+    if floating is float:
+        return fa_row_exp_sum_f(x, y, n, m)
+    else:
+        return fa_row_exp_sum_d(x, y, n, m)
+
+cdef inline void row_scale(const floating *x, floating *y, int64_t n, floating a) noexcept nogil:
+    if floating is float:
+        fa_row_scale_f(x, y, n, a)
+    else:
+        fa_row_scale_d(x, y, n, a)
+
+cdef inline void row_shift(const floating *x, floating *y, int64_t n, floating a) noexcept nogil:
+    if floating is float:
+        fa_row_shift_f(x, y, n, a)
+    else:
+        fa_row_shift_d(x, y, n, a)
+
+cdef inline void row_softcap(floating *x, int64_t n, floating c) noexcept nogil:
+    if floating is float:
+        fa_row_softcap_f(x, n, c)
+    else:
+        fa_row_softcap_d(x, n, c)
+
+cdef inline void qk_block(const floating *qp, int64_t ldq, const floating *kt, int64_t D,
+                          floating *s, int64_t lds, int64_t c0, int64_t c1) noexcept nogil:
+    if floating is float:
+        fa_qk_block_f(qp, ldq, kt, D, s, lds, c0, c1)
+    else:
+        fa_qk_block_d(qp, ldq, kt, D, s, lds, c0, c1)
+
+cdef inline void pv_block(const floating *p, int64_t ldp, const floating *vp, int64_t ldv,
+                          int64_t k0, int64_t k1, floating *o, int64_t ldo, int64_t nvec) noexcept nogil:
+    if floating is float:
+        fa_pv_block_f(p, ldp, vp, ldv, k0, k1, o, ldo, nvec)
+    else:
+        fa_pv_block_d(p, ldp, vp, ldv, k0, k1, o, ldo, nvec)
+
+
+cdef inline int64_t round_up(int64_t x, int64_t m) noexcept nogil:
+    return (x + m - 1) // m * m
+
+
+# ---------------------------------------------------------------- per-thread workspace
+
+cdef struct Workspace:
+    void *qp        # BLOCK_Q' x Dk      packed, scaled query rows
+    void *kt        # panels of Dk x NR  packed, transposed key tile
+    void *vp        # BLOCK_K x Dvp      packed value tile (columns padded to a vector)
+    void *s         # BLOCK_Q' x BLOCK_K scores, then probabilities
+    void *o         # BLOCK_Q' x Dvp     output accumulator
+    void *m         # BLOCK_Q'           running row max
+    double *l       # BLOCK_Q'           running row sum (double even for float inputs)
+    int64_t *lo     # BLOCK_Q'           first visible key of each row
+    int64_t *hi     # BLOCK_Q'           one past the last visible key
+    int64_t *pos    # BLOCK_Q'           diagonal position p(i) of each row
+    int64_t *qoff   # BLOCK_Q'           element offset of each query row (without batch)
+    int64_t *goff   # BLOCK_Q'           group index of each row (GQA)
+
+
+cdef inline int64_t rows_alloc(int64_t rows) noexcept nogil:
+    # rows rounded up so both micro-kernels can run whole register blocks
+    return round_up(rows, FA_QK_MR * FA_PV_MR)
+
+
+cdef int workspace_alloc(Workspace *ws, const Plan *P, int64_t rows, size_t item) noexcept nogil:
+    cdef int64_t R = rows_alloc(rows)
+    cdef int64_t W = FA_VBYTES // item
+    cdef int64_t nr = FA_QK_NV * W
+    cdef int64_t dvp = round_up(P.Dv if P.Dv > 0 else 1, W)
+    ws.qp = fa_alloc(R * (P.Dk if P.Dk > 0 else 1) * item)
+    ws.kt = fa_alloc(round_up(BLOCK_K, nr) * (P.Dk if P.Dk > 0 else 1) * item)
+    ws.vp = fa_alloc(BLOCK_K * dvp * item)
+    ws.s = fa_alloc(R * BLOCK_K * item)
+    ws.o = fa_alloc(R * dvp * item)
+    ws.m = fa_alloc(R * item)
+    ws.l = <double *>fa_alloc(R * sizeof(double))
+    ws.lo = <int64_t *>fa_alloc(R * sizeof(int64_t))
+    ws.hi = <int64_t *>fa_alloc(R * sizeof(int64_t))
+    ws.pos = <int64_t *>fa_alloc(R * sizeof(int64_t))
+    ws.qoff = <int64_t *>fa_alloc(R * sizeof(int64_t))
+    ws.goff = <int64_t *>fa_alloc(R * sizeof(int64_t))
+    if (ws.qp == NULL or ws.kt == NULL or ws.vp == NULL or ws.s == NULL or ws.o == NULL
+            or ws.m == NULL or ws.l == NULL or ws.lo == NULL or ws.hi == NULL
+            or ws.pos == NULL or ws.qoff == NULL or ws.goff == NULL):
+        return -1
+    return 0
+
+
+cdef void workspace_free(Workspace *ws) noexcept nogil:
+    fa_free(ws.qp)
+    fa_free(ws.kt)
+    fa_free(ws.vp)
+    fa_free(ws.s)
+    fa_free(ws.o)
+    fa_free(ws.m)
+    fa_free(ws.l)
+    fa_free(ws.lo)
+    fa_free(ws.hi)
+    fa_free(ws.pos)
+    fa_free(ws.qoff)
+    fa_free(ws.goff)
+
+
+# ---------------------------------------------------------------- attention: one work unit
+
+cdef int64_t setup_rows(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
+                        int64_t kb, int64_t ke, int64_t *lo_all, int64_t *hi_all) noexcept nogil:
+    """Visible key range [lo, hi) of each row, clipped to the key split [kb, ke).
+
+    Causal, window and kv_lengths all make a contiguous range per row, so tiles
+    outside the union of the ranges are never touched.  Returns the number of
+    rows with at least one visible key."""
+    cdef int64_t i, r, grp, pos, kl, p, lo, hi, active = 0
+    lo_all[0] = ke
+    hi_all[0] = kb
+    for i in range(nr):
+        r = r0 + i
+        grp = r // P.Lq
+        pos = r - grp * P.Lq
+        ws.goff[i] = grp
+        ws.qoff[i] = grp * P.q.sg + pos * P.q.sr
+        kl = P.Lk
+        if P.has_kvlen and P.kvlen[b * P.g + grp] < kl:
+            kl = P.kvlen[b * P.g + grp]
+        p = pos
+        if P.causal == CAUSAL_BOTTOM_RIGHT:
+            p = pos + kl - P.Lq
+        ws.pos[i] = p
+        lo = kb
+        hi = kl if kl < ke else ke
+        if P.causal != CAUSAL_NONE and p + 1 < hi:
+            hi = p + 1
+        if P.wr >= 0 and p + P.wr + 1 < hi:
+            hi = p + P.wr + 1
+        if P.wl >= 0 and p - P.wl > lo:
+            lo = p - P.wl
+        if hi <= lo:
+            hi = lo
+        else:
+            active += 1
+            if lo < lo_all[0]:
+                lo_all[0] = lo
+            if hi > hi_all[0]:
+                hi_all[0] = hi
+        ws.lo[i] = lo
+        ws.hi[i] = hi
+    return active
+
+
+cdef void pack_q(const Plan *P, Workspace *ws, floating *qbase, int64_t nr) noexcept nogil:
+    """Qp[i, :] = scale * q[row i, :], rows padded with zeros to whole blocks."""
+    cdef floating *qp = <floating *>ws.qp
+    cdef floating scale = <floating>P.scale
+    cdef int64_t i, d, Dk = P.Dk, sc = P.q.sc
+    cdef floating *src
+    for i in range(nr):
+        src = qbase + ws.qoff[i]
+        for d in range(Dk):
+            qp[i * Dk + d] = src[d * sc] * scale
+    for i in range(nr * Dk, rows_alloc(nr) * Dk):
+        qp[i] = 0
+
+
+cdef void pack_k_tile(const Plan *P, floating *kt, const floating *kbase, int64_t t0, int64_t n) noexcept nogil:
+    """Transpose keys t0..t0+n-1 into panels of Dk x NR (see fa_qk_block)."""
+    cdef int64_t NR = FA_QK_NV * (FA_VBYTES // sizeof(floating))
+    cdef int64_t j, d, Dk = P.Dk, sr = P.k.sr, sc = P.k.sc
+    cdef floating *panel
+    cdef const floating *src
+    for j in range(n):
+        panel = kt + (j // NR) * Dk * NR + (j % NR)
+        src = kbase + (t0 + j) * sr
+        for d in range(Dk):
+            panel[d * NR] = src[d * sc]
+
+
+cdef void pack_v_tile(const Plan *P, floating *vp, int64_t dvp, const floating *vbase,
+                      int64_t t0, int64_t n) noexcept nogil:
+    """Copy value rows t0..t0+n-1 into rows of dvp (padding columns stay zero)."""
+    cdef int64_t j, c, Dv = P.Dv, sr = P.v.sr, sc = P.v.sc
+    cdef const floating *src
+    for j in range(n):
+        src = vbase + (t0 + j) * sr
+        for c in range(Dv):
+            vp[j * dvp + c] = src[c * sc]
+
+
+cdef void apply_score_options(const Plan *P, floating *srow, int64_t i, int64_t t0, int64_t a, int64_t e,
+                              int64_t b, int64_t moff, int64_t boff, const Workspace *ws) noexcept nogil:
+    """softcap, then bias, then ALiBi, then the boolean mask, on srow[a:e] (keys t0+a..t0+e-1)."""
+    cdef int64_t j, grp = ws.goff[i], r = i
+    cdef int64_t pos_in = 0
+    cdef floating slope, d
+    cdef const floating *bias
+    cdef const uint8_t *mask
+    if P.softcap > 0:
+        row_softcap(srow + a, e - a, <floating>P.softcap)
+    if P.has_bias:
+        bias = (<const floating *>P.bias.base) + boff
+        for j in range(a, e):
+            srow[j] += bias[(t0 + j) * P.bias.sc]
+    if P.has_alibi:
+        slope = (<const floating *>P.slopes)[b * P.g + grp]
+        for j in range(a, e):
+            d = <floating>(ws.pos[i] - (t0 + j))
+            if d < 0:
+                d = -d
+            srow[j] -= slope * d
+    if P.has_mask:
+        mask = (<const uint8_t *>P.mask.base) + moff
+        for j in range(a, e):
+            if not mask[(t0 + j) * P.mask.sc]:
+                srow[j] = -INFINITY
+
+
+cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
+                   int64_t kb, int64_t ke, int mode, floating *stats,
+                   floating *part_o, floating *part_m, double *part_l) noexcept nogil:
+    """Rows r0..r0+nr-1 of batch element b against keys [kb, ke).
+
+    stats: per-row lse of the whole problem (MODE_STATS writes it, MODE_WEIGHTS reads it).
+    part_*: where MODE_PARTIAL leaves this split's running max, sum and unnormalised output."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t NR = FA_QK_NV * W
+    cdef int64_t dvp = round_up(P.Dv if P.Dv > 0 else 1, W)
+    cdef int64_t Dk = P.Dk, Dv = P.Dv
+    cdef floating *qp = <floating *>ws.qp
+    cdef floating *kt = <floating *>ws.kt
+    cdef floating *vp = <floating *>ws.vp
+    cdef floating *s = <floating *>ws.s
+    cdef floating *o = <floating *>ws.o
+    cdef floating *m = <floating *>ws.m
+    cdef double *l = ws.l
+    cdef int64_t lo_all, hi_all, t0, t1, n, i, i0, j, a, e, c, rr, grp, pos
+    cdef int64_t qb = batch_offset(P, &P.q, b)
+    cdef int64_t kbo = batch_offset(P, &P.k, b)
+    cdef int64_t vbo = batch_offset(P, &P.v, b)
+    cdef int64_t mbo = batch_offset(P, &P.mask, b) if P.has_mask else 0
+    cdef int64_t bbo = batch_offset(P, &P.bias, b) if P.has_bias else 0
+    cdef int64_t wbo = batch_offset(P, &P.w, b) if mode == MODE_WEIGHTS else 0
+    cdef int64_t roff
+    cdef floating mt, mn, alpha, lse_i, inv
+    cdef double sm
+    cdef floating *wrow
+    cdef floating *orow
+    cdef floating *srow
+    cdef int need_pv = mode != MODE_STATS
+    cdef int needs_options = P.softcap > 0 or P.has_bias or P.has_alibi or P.has_mask
+    cdef int64_t Rq = round_up(nr, FA_QK_MR), Rp = round_up(nr, FA_PV_MR)
+
+    setup_rows(P, ws, b, r0, nr, kb, ke, &lo_all, &hi_all)
+    pack_q(P, ws, (<floating *>P.q.base) + qb, nr)
+    for i in range(Rp):
+        m[i] = -INFINITY
+        l[i] = 0
+    for i in range(Rp * dvp):
+        o[i] = 0
+    if mode == MODE_WEIGHTS:
+        # every weight of the row is written: zeros first, visible keys below
+        for i in range(nr):
+            wrow = (<floating *>P.w.base) + wbo + ws.goff[i] * P.w.sg + (r0 + i - ws.goff[i] * P.Lq) * P.w.sr
+            for j in range(P.Lk):
+                wrow[j * P.w.sc] = 0
+
+    t0 = lo_all
+    while t0 < hi_all:
+        t1 = t0 + BLOCK_K
+        if t1 > hi_all:
+            t1 = hi_all
+        n = t1 - t0
+        pack_k_tile(P, kt, (<floating *>P.k.base) + kbo, t0, n)
+        if need_pv:
+            pack_v_tile(P, vp, dvp, (<floating *>P.v.base) + vbo, t0, n)
+
+        # S = Qp . Ktᵀ, each register block of rows only over the panels its rows
+        # can see (this is what clips the causal diagonal tile)
+        i0 = 0
+        while i0 < nr:
+            a = n
+            e = 0
+            for i in range(i0, min(i0 + FA_QK_MR, nr)):
+                if ws.hi[i] > ws.lo[i]:
+                    if ws.lo[i] - t0 < a:
+                        a = ws.lo[i] - t0
+                    if ws.hi[i] - t0 > e:
+                        e = ws.hi[i] - t0
+            if a < 0:
+                a = 0
+            if e > n:
+                e = n
+            if a < e:
+                qk_block(qp + i0 * Dk, Dk, kt, Dk, s + i0 * BLOCK_K, BLOCK_K, a // NR, (e + NR - 1) // NR)
+            i0 += FA_QK_MR
+
+        # per row: options, then the online softmax update (or final weights)
+        for i in range(nr):
+            srow = s + i * BLOCK_K
+            a = ws.lo[i] - t0
+            e = ws.hi[i] - t0
+            if a < 0:
+                a = 0
+            if e > n:
+                e = n
+            if a >= e:
+                for j in range(n):
+                    srow[j] = 0
+                continue
+            if needs_options:
+                grp = ws.goff[i]
+                pos = r0 + i - grp * P.Lq
+                apply_score_options(P, srow, i, t0, a, e, b,
+                                    mbo + grp * P.mask.sg + pos * P.mask.sr,
+                                    bbo + grp * P.bias.sg + pos * P.bias.sr, ws)
+            if mode == MODE_WEIGHTS:
+                lse_i = stats[i]
+                if lse_i == -INFINITY:
+                    for j in range(n):
+                        srow[j] = 0
+                    continue
+                row_exp_sum(srow + a, srow + a, e - a, lse_i)
+                wrow = (<floating *>P.w.base) + wbo + ws.goff[i] * P.w.sg + (r0 + i - ws.goff[i] * P.Lq) * P.w.sr
+                for j in range(a, e):
+                    wrow[(t0 + j) * P.w.sc] = srow[j]
+            else:
+                mt = row_max(srow + a, e - a)
+                if mt != mt or mt > m[i]:
+                    mn = mt
+                else:
+                    mn = m[i]
+                if mn == -INFINITY:
+                    for j in range(n):
+                        srow[j] = 0
+                    continue
+                alpha = <floating>exp(m[i] - mn)
+                sm = row_exp_sum(srow + a, srow + a, e - a, mn)
+                l[i] = l[i] * alpha + sm
+                m[i] = mn
+                if need_pv and alpha != 1:
+                    row_scale(o + i * dvp, o + i * dvp, Dv, alpha)
+            for j in range(a):
+                srow[j] = 0
+            for j in range(e, n):
+                srow[j] = 0
+
+        # O += P . V, each register block of rows over the keys its rows see
+        if need_pv:
+            i0 = 0
+            while i0 < nr:
+                a = n
+                e = 0
+                for i in range(i0, min(i0 + FA_PV_MR, nr)):
+                    if ws.hi[i] > ws.lo[i]:
+                        if ws.lo[i] - t0 < a:
+                            a = ws.lo[i] - t0
+                        if ws.hi[i] - t0 > e:
+                            e = ws.hi[i] - t0
+                if a < 0:
+                    a = 0
+                if e > n:
+                    e = n
+                if a < e:
+                    pv_block(s + i0 * BLOCK_K, BLOCK_K, vp, dvp, a, e, o + i0 * dvp, dvp, dvp // W)
+                i0 += FA_PV_MR
+        t0 = t1
+
+    # finish the rows
+    for i in range(nr):
+        grp = ws.goff[i]
+        pos = r0 + i - grp * P.Lq
+        if mode == MODE_STATS:
+            stats[i] = <floating>(m[i] + log(l[i])) if l[i] > 0 or l[i] != l[i] else -INFINITY
+            continue
+        if mode == MODE_PARTIAL:
+            part_m[i] = m[i]
+            part_l[i] = l[i]
+            for c in range(Dv):
+                part_o[i * Dv + c] = o[i * dvp + c]
+            continue
+        orow = (<floating *>P.o.base) + batch_offset(P, &P.o, b) + grp * P.o.sg + pos * P.o.sr
+        if mode == MODE_WEIGHTS:
+            for c in range(Dv):
+                orow[c * P.o.sc] = o[i * dvp + c]
+            lse_i = stats[i]
+        elif l[i] > 0 or l[i] != l[i]:
+            inv = <floating>(1.0 / l[i])
+            for c in range(Dv):
+                orow[c * P.o.sc] = o[i * dvp + c] * inv
+            lse_i = <floating>(m[i] + log(l[i]))
+        else:
+            for c in range(Dv):
+                orow[c * P.o.sc] = 0
+            lse_i = -INFINITY
+        if P.want_lse:
+            (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
+
+
+cdef void merge_splits(const Plan *P, int64_t b, int64_t r0, int64_t nr, int64_t nsplit,
+                       const floating *po, const floating *pm, const double *pl, int64_t stride_split) noexcept nogil:
+    """Combine the key splits of rows r0.. of batch b, in split order (deterministic)."""
+    cdef int64_t i, sp, c, grp, pos, Dv = P.Dv
+    cdef floating M, mi
+    cdef double L, wgt
+    cdef floating *orow
+    cdef double acc
+    for i in range(nr):
+        M = -INFINITY
+        for sp in range(nsplit):
+            mi = pm[sp * stride_split + i]
+            if mi != mi or mi > M:
+                M = mi
+        grp = (r0 + i) // P.Lq
+        pos = r0 + i - grp * P.Lq
+        orow = (<floating *>P.o.base) + batch_offset(P, &P.o, b) + grp * P.o.sg + pos * P.o.sr
+        L = 0
+        for sp in range(nsplit):
+            mi = pm[sp * stride_split + i]
+            if mi != -INFINITY:
+                L += pl[sp * stride_split + i] * exp(mi - M)
+        if M == -INFINITY or not (L > 0 or L != L):
+            for c in range(Dv):
+                orow[c * P.o.sc] = 0
+            if P.want_lse:
+                (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = -INFINITY
+            continue
+        for c in range(Dv):
+            acc = 0
+            for sp in range(nsplit):
+                mi = pm[sp * stride_split + i]
+                if mi != -INFINITY:
+                    acc += po[(sp * stride_split + i) * Dv + c] * exp(mi - M)
+            orow[c * P.o.sc] = <floating>(acc / L)
+        if P.want_lse:
+            (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = <floating>(M + log(L))
+
+
+# ---------------------------------------------------------------- attention: the parallel driver
+
+cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
+    cdef int64_t nblk = (P.nrows + BLOCK_Q - 1) // BLOCK_Q
+    cdef int64_t rows = P.nrows if P.nrows < BLOCK_Q else BLOCK_Q
+    cdef int64_t units = P.nbatch * nblk
+    cdef int64_t nsplit = 1, chunk = P.Lk, u, b, blk, r0, nr, sp, kb, ke
+    cdef int64_t work = P.nbatch * P.nrows * (P.Lk + 1) * (P.Dk + P.Dv + 1)
+    cdef int failed = 0
+    cdef int *failed_p = &failed    # written through the pointer: shared by all threads
+    cdef Workspace *ws              # assigned inside the parallel block: one per thread
+    cdef int ws_ok
+    cdef floating *stats = NULL
+    cdef floating *po = NULL
+    cdef floating *pm = NULL
+    cdef double *pl = NULL
+    cdef int use_threads = nthreads > 1 and work > 200000
+    cdef int64_t stride_split = 0
+    if units == 0:
+        return 0
+    # Decode-like problems (few units, many keys) split the key range; the split
+    # count depends on the shape only, never on the thread count, so results are
+    # bit-identical for any num_threads.
+    if units < SPLIT_TARGET and not P.want_weights and P.Lk >= 2 * SPLIT_MIN_KEYS:
+        nsplit = (SPLIT_TARGET + units - 1) // units
+        if nsplit > P.Lk // SPLIT_MIN_KEYS:
+            nsplit = P.Lk // SPLIT_MIN_KEYS
+        chunk = round_up((P.Lk + nsplit - 1) // nsplit, BLOCK_K)
+        nsplit = (P.Lk + chunk - 1) // chunk
+
+    if P.want_weights:
+        stats = <floating *>fa_alloc(P.nbatch * nblk * rows * sizeof(floating))
+        if stats == NULL:
+            raise MemoryError()
+    if nsplit > 1:
+        stride_split = units * rows
+        po = <floating *>fa_alloc(nsplit * stride_split * (P.Dv if P.Dv > 0 else 1) * sizeof(floating))
+        pm = <floating *>fa_alloc(nsplit * stride_split * sizeof(floating))
+        pl = <double *>fa_alloc(nsplit * stride_split * sizeof(double))
+        if po == NULL or pm == NULL or pl == NULL:
+            fa_free(po)
+            fa_free(pm)
+            fa_free(pl)
+            raise MemoryError()
+
+    with nogil, parallel(num_threads=nthreads, use_threads_if=use_threads):
+        # Every thread must reach the worksharing loops below (OpenMP requires it),
+        # so a failed allocation only disables the thread's share of work.
+        ws = <Workspace *>fa_alloc(sizeof(Workspace))
+        ws_ok = ws != NULL and workspace_alloc(ws, P, rows, sizeof(floating)) == 0
+        if not ws_ok:
+            failed_p[0] = 1
+        if nsplit > 1:
+            for u in prange(units * nsplit, schedule='dynamic'):
+                sp = u // units
+                b = (u % units) // nblk
+                blk = u % nblk
+                r0 = blk * BLOCK_Q
+                nr = min(BLOCK_Q, P.nrows - r0)
+                kb = sp * chunk
+                ke = min(P.Lk, kb + chunk)
+                if ws_ok:
+                    run_unit(P, ws, b, r0, nr, kb, ke, MODE_PARTIAL, <floating *>NULL,
+                         po + (sp * stride_split + (u % units) * rows) * P.Dv,
+                         pm + sp * stride_split + (u % units) * rows,
+                         pl + sp * stride_split + (u % units) * rows)
+        elif P.want_weights:
+            for u in prange(units, schedule='dynamic'):
+                b = u // nblk
+                r0 = (u % nblk) * BLOCK_Q
+                nr = min(BLOCK_Q, P.nrows - r0)
+                if ws_ok:
+                    run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_STATS, stats + u * rows,
+                         <floating *>NULL, <floating *>NULL, <double *>NULL)
+                    run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_WEIGHTS, stats + u * rows,
+                         <floating *>NULL, <floating *>NULL, <double *>NULL)
+        else:
+            for u in prange(units, schedule='dynamic'):
+                b = u // nblk
+                r0 = (u % nblk) * BLOCK_Q
+                nr = min(BLOCK_Q, P.nrows - r0)
+                if ws_ok:
+                    run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_ONLINE, <floating *>NULL,
+                         <floating *>NULL, <floating *>NULL, <double *>NULL)
+        if ws != NULL:
+            workspace_free(ws)
+            fa_free(ws)
+
+    if nsplit > 1 and not failed:
+        with nogil:
+            for u in prange(units, schedule='static', num_threads=nthreads, use_threads_if=use_threads):
+                b = u // nblk
+                r0 = (u % nblk) * BLOCK_Q
+                nr = min(BLOCK_Q, P.nrows - r0)
+                merge_splits(P, b, r0, nr, nsplit, po + u * rows * P.Dv, pm + u * rows,
+                             pl + u * rows, stride_split)
+    fa_free(stats)
+    fa_free(po)
+    fa_free(pm)
+    fa_free(pl)
+    if failed:
+        raise MemoryError("fastattn: could not allocate the per-thread attention workspace")
+    return 0
+
+
+def attention_forward(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray out, tuple bshape,
+                      Py_ssize_t g, double scale, int causal, Py_ssize_t wl, Py_ssize_t wr,
+                      double softcap, mask, bias, kvlen, slopes, weights, lse, int nthreads):
+    """Run attention on prepared arrays (see fastattn._api.attention).
+
+    q (..., Hq, Lq, Dk), k (..., Hk, Lk, Dk), v (..., Hk, Lk, Dv), out (..., Hq, Lq, Dv)
+    all of the compute dtype; bshape is the broadcast batch shape with the head axis
+    of the key/value heads (Hk = Hq / g).  mask (bool) / bias / weights have trailing
+    dims (Lq, Lk), lse (Lq,).  kvlen (int64) and slopes are contiguous (nbatch * g)
+    tables.  Optional arrays are None when unused.  Nothing here validates: the
+    Python layer has done it."""
+    cdef Plan P
+    cdef int d
+    cdef int64_t hq
+    P.nb = len(bshape)
+    if P.nb > MAXDIM:
+        raise ValueError("too many batch dimensions")
+    P.nbatch = 1
+    for d in range(P.nb):
+        P.bshape[d] = bshape[d]
+        P.nbatch *= P.bshape[d]
+    P.g = g
+    hq = g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
+    P.Lq = q.shape[q.ndim - 2]
+    P.Lk = k.shape[k.ndim - 2]
+    P.Dk = q.shape[q.ndim - 1]
+    P.Dv = v.shape[v.ndim - 1]
+    P.nrows = g * P.Lq
+    P.scale = scale
+    P.softcap = softcap
+    P.causal = causal
+    P.wl = wl
+    P.wr = wr
+    fill_operand(&P.q, q, 2, &P, hq, 0)
+    fill_operand(&P.k, k, 2, &P, hq, 0)
+    fill_operand(&P.v, v, 2, &P, hq, 0)
+    fill_operand(&P.o, out, 2, &P, hq, 0)
+    P.has_mask = mask is not None
+    if P.has_mask:
+        fill_operand(&P.mask, mask, 2, &P, hq, 0)
+    P.has_bias = bias is not None
+    if P.has_bias:
+        fill_operand(&P.bias, bias, 2, &P, hq, 0)
+    P.want_weights = weights is not None
+    if P.want_weights:
+        fill_operand(&P.w, weights, 2, &P, hq, 0)
+    P.want_lse = lse is not None
+    if P.want_lse:
+        fill_operand(&P.lse, lse, 1, &P, hq, 0)
+    P.has_kvlen = kvlen is not None
+    P.kvlen = <int64_t *>cnp.PyArray_DATA(kvlen) if P.has_kvlen else NULL
+    P.has_alibi = slopes is not None
+    P.slopes = <char *>cnp.PyArray_DATA(slopes) if P.has_alibi else NULL
+    if P.Lq == 0:
+        return out
+    if q.dtype.num == cnp.NPY_FLOAT:
+        attention_run(&P, <float>0, nthreads)
+    else:
+        attention_run(&P, <double>0, nthreads)
+    return out
+
+
+# ---------------------------------------------------------------- softmax
+
+cdef void softmax_row(const floating *x, floating *y, int64_t n, int log_mode) noexcept nogil:
+    """y = softmax(x) (or log_softmax) of one contiguous row; x and y must not alias."""
+    cdef floating m = row_max(x, n)
+    cdef floating s
+    cdef int64_t j
+    if m == -INFINITY:
+        # all -inf (or empty): zeros, or -inf for log_softmax
+        for j in range(n):
+            y[j] = -INFINITY if log_mode else 0
+        return
+    if log_mode:
+        s = row_exp_sum(x, y, n, m)
+        row_shift(x, y, n, -(m + <floating>log(s)))
+    else:
+        s = row_exp_sum(x, y, n, m)
+        row_scale(y, y, n, <floating>(1.0 / s))
+
+
+cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthreads) except -1:
+    """Rows of length n: P.q describes the input (sc = element stride along the
+    row), P.o the output; the batch dims enumerate the rows."""
+    cdef int64_t rows_per_unit = 1 + 16384 // (n if n > 0 else 1)
+    cdef int64_t units = (P.nbatch + rows_per_unit - 1) // rows_per_unit
+    cdef int64_t u, r, j
+    cdef int contiguous = P.q.sc == 1 and P.o.sc == 1
+    cdef int use_threads = nthreads > 1 and P.nbatch * n > 32768
+    cdef floating *buf = NULL
+    cdef const floating *x
+    cdef floating *y
+    cdef int failed = 0
+    cdef int *failed_p = &failed
+    with nogil, parallel(num_threads=nthreads, use_threads_if=use_threads):
+        buf = NULL
+        if not contiguous:
+            # two rows: the gathered input and the result (softmax_row needs both)
+            buf = <floating *>fa_alloc(2 * (n if n > 0 else 1) * sizeof(floating))
+            if buf == NULL:
+                failed_p[0] = 1
+        for u in prange(units, schedule='static'):
+            for r in range(u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit)):
+                x = (<const floating *>P.q.base) + batch_offset(P, &P.q, r)
+                y = (<floating *>P.o.base) + batch_offset(P, &P.o, r)
+                if contiguous:
+                    softmax_row(x, y, n, log_mode)
+                elif buf != NULL:
+                    for j in range(n):
+                        buf[j] = x[j * P.q.sc]
+                    softmax_row(buf, buf + n, n, log_mode)
+                    for j in range(n):
+                        y[j * P.o.sc] = buf[n + j]
+        fa_free(buf)
+    if failed:
+        raise MemoryError("fastattn: could not allocate the softmax row buffer")
+    return 0
+
+
+def softmax_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthreads):
+    """Softmax along the LAST axis of x into out (same shape, compute dtype, any strides)."""
+    cdef Plan P
+    cdef int d
+    cdef int64_t n = x.shape[x.ndim - 1]
+    P.nb = x.ndim - 1
+    if P.nb > MAXDIM:
+        raise ValueError("too many dimensions")
+    P.nbatch = 1
+    for d in range(P.nb):
+        P.bshape[d] = x.shape[d]
+        P.nbatch *= P.bshape[d]
+    P.g = 1
+    fill_operand(&P.q, x, 1, &P, 0, 0)
+    fill_operand(&P.o, out, 1, &P, 0, 0)
+    # fill_operand with one trailing dim stores the element stride in sr
+    P.q.sc = P.q.sr
+    P.o.sc = P.o.sr
+    if P.nbatch == 0:
+        return out
+    if x.dtype.num == cnp.NPY_FLOAT:
+        softmax_run(&P, <float>0, n, log_mode, nthreads)
+    else:
+        softmax_run(&P, <double>0, n, log_mode, nthreads)
+    return out

@@ -1,0 +1,135 @@
+/* Portable SIMD primitives for fastattn's kernels.
+ *
+ * Written with GCC/Clang vector extensions instead of intrinsics: the same source
+ * compiles to SSE2, AVX2+FMA or AVX-512 (or NEON on aarch64) depending on the flags
+ * of the module that includes it (setup.py builds one module per ISA level).  The
+ * vector width, and with it the register blocking of the micro-kernels, follows
+ * the target: FA_VBYTES is 16, 32 or 64.
+ *
+ * Everything here is IEEE-clean: no -ffast-math is needed or wanted.  The
+ * vectorised exp returns exactly 0 for -inf (and anything below the smallest
+ * normal result), +inf for large arguments and propagates NaN, which is what the
+ * masked, max-stabilised softmax relies on.
+ *
+ * The float and double versions come from one body, simd_body.h, included twice.
+ */
+#ifndef FASTATTN_SIMD_H
+#define FASTATTN_SIMD_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#if defined(__AVX512F__)
+#  define FA_VBYTES 64
+#  define FA_ISA "avx512"
+#elif defined(__AVX2__)
+#  define FA_VBYTES 32
+#  define FA_ISA "avx2"
+#else
+#  define FA_VBYTES 16
+#  if defined(__aarch64__)
+#    define FA_ISA "neon"
+#  else
+#    define FA_ISA "baseline"
+#  endif
+#endif
+
+/* Register blocking of the two micro-kernels, in rows x vectors.
+ * QK: S[MR x NV*W] = Q[MR x D] . Kt[D x NV*W]   (MR*NV accumulators)
+ * PV: O[MR x NV*W] += P[MR x K] . V[K x NV*W]    (MR*NV accumulators)
+ * Chosen so that accumulators + operands fit the register file: 32 zmm on
+ * AVX-512, 16 ymm on AVX2, 16 xmm on SSE2 (NEON has 32, the SSE2 shape is safe). */
+#if FA_VBYTES == 64
+#  define FA_QK_MR 8
+#  define FA_QK_NV 2
+#  define FA_PV_MR 6
+#  define FA_PV_NV 4
+#elif FA_VBYTES == 32
+#  define FA_QK_MR 6
+#  define FA_QK_NV 2
+#  define FA_PV_MR 3
+#  define FA_PV_NV 4
+#else
+#  define FA_QK_MR 4
+#  define FA_QK_NV 2
+#  define FA_PV_MR 2
+#  define FA_PV_NV 4
+#endif
+
+#define FA_ALIGN 64
+
+#if defined(__clang__)
+#  define FA_UNROLL _Pragma("clang loop unroll(full)")
+#elif defined(__GNUC__)
+#  define FA_UNROLL _Pragma("GCC unroll 16")
+#else
+#  define FA_UNROLL
+#endif
+
+/* Zeroed, 64-byte aligned allocation; NULL on failure.  The original pointer is
+ * stored just before the aligned block so fa_free can release it. */
+static inline void *fa_alloc(size_t nbytes)
+{
+    void *raw = calloc(1, nbytes + FA_ALIGN + sizeof(void *));
+    if (!raw) return NULL;
+    uintptr_t p = ((uintptr_t)raw + sizeof(void *) + FA_ALIGN - 1) & ~(uintptr_t)(FA_ALIGN - 1);
+    ((void **)p)[-1] = raw;
+    return (void *)p;
+}
+
+static inline void fa_free(void *p)
+{
+    if (p) free(((void **)p)[-1]);
+}
+
+/* ---- float ---- */
+#define FA_T float
+#define FA_SFX(name) name##_f
+typedef float fa_v_f __attribute__((vector_size(FA_VBYTES)));
+typedef int32_t fa_vi_f __attribute__((vector_size(FA_VBYTES)));
+#define FA_V fa_v_f
+#define FA_VI fa_vi_f
+#define FA_EXP_LO (-87.3f)            /* below: result < smallest normal, returned as 0 */
+#define FA_EXP_HI (88.37f)            /* above: returned as +inf (true overflow from 88.72) */
+#define FA_MAGIC 12582912.0f          /* 1.5 * 2^23: adding it rounds to an integer */
+#define FA_MANT_BITS 23
+#define FA_EXP_BIAS 127
+#include "simd_body.h"
+#undef FA_T
+#undef FA_SFX
+#undef FA_V
+#undef FA_VI
+#undef FA_EXP_LO
+#undef FA_EXP_HI
+#undef FA_MAGIC
+#undef FA_MANT_BITS
+#undef FA_EXP_BIAS
+
+/* ---- double ---- */
+#define FA_T double
+#define FA_SFX(name) name##_d
+typedef double fa_v_d __attribute__((vector_size(FA_VBYTES)));
+typedef int64_t fa_vi_d __attribute__((vector_size(FA_VBYTES)));
+#define FA_V fa_v_d
+#define FA_VI fa_vi_d
+#define FA_EXP_LO (-708.0)
+#define FA_EXP_HI (709.0)
+#define FA_MAGIC 6755399441055744.0   /* 1.5 * 2^52 */
+#define FA_MANT_BITS 52
+#define FA_EXP_BIAS 1023
+#define FA_DOUBLE 1
+#include "simd_body.h"
+#undef FA_DOUBLE
+#undef FA_T
+#undef FA_SFX
+#undef FA_V
+#undef FA_VI
+#undef FA_EXP_LO
+#undef FA_EXP_HI
+#undef FA_MAGIC
+#undef FA_MANT_BITS
+#undef FA_EXP_BIAS
+
+#endif /* FASTATTN_SIMD_H */

@@ -1,0 +1,254 @@
+/* One body for the float and double SIMD primitives; included by simd.h with
+ * FA_T (element type), FA_V / FA_VI (vector and same-width integer vector),
+ * FA_SFX (name suffix) and the exp constants defined.  Not a standalone header. */
+
+#define FA_W ((int)(FA_VBYTES / sizeof(FA_T)))        /* lanes per vector */
+#define FA_QK_NR (FA_QK_NV * FA_W)                      /* columns per QK panel */
+
+static inline FA_V FA_SFX(fa_load)(const FA_T *p)
+{
+    FA_V v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void FA_SFX(fa_store)(FA_T *p, FA_V v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static inline FA_V FA_SFX(fa_set1)(FA_T x)
+{
+    return (FA_V){0} + x;
+}
+
+/* Lane-wise mask ? a : b, with mask lanes all-ones or all-zeros. */
+static inline FA_V FA_SFX(fa_select)(FA_VI mask, FA_V a, FA_V b)
+{
+    return (FA_V)(((FA_VI)a & mask) | ((FA_VI)b & ~mask));
+}
+
+/* exp(x) lane-wise: x = n*ln2 + r, |r| <= ln2/2, exp(x) = 2^n * p(r).
+ * n is rounded by adding 1.5*2^mantissa (its bits then hold n), 2^n is built
+ * from exponent bits.  Polynomials: Cephes expf (float, < 1 ulp over the range)
+ * and Taylor to degree 12 (double, truncation < 2e-16 relative). */
+static inline FA_V FA_SFX(fa_vexp)(FA_V x)
+{
+    const FA_VI under = x < FA_EXP_LO;          /* includes -inf */
+    const FA_VI over = x > FA_EXP_HI;           /* includes +inf */
+    const FA_V xc = FA_SFX(fa_select)(under | over, FA_SFX(fa_set1)(0), x);   /* NaN stays NaN */
+    const FA_V t = xc * (FA_T)1.44269504088896341 + FA_MAGIC;
+    const FA_V n = t - FA_MAGIC;
+#ifdef FA_DOUBLE
+    FA_V r = xc - n * 6.93145751953125E-1;
+    r = r - n * 1.42860682030941723212E-6;
+    FA_V p = FA_SFX(fa_set1)(1.0 / 479001600.0);
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+#else
+    FA_V r = xc - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    const FA_V z = r * r;
+    FA_V p = FA_SFX(fa_set1)(1.9875691500E-4f);
+    p = p * r + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    p = p * z + r + 1.0f;
+#endif
+    const FA_VI magic_bits = (FA_VI)FA_SFX(fa_set1)(FA_MAGIC);
+    const FA_VI e = (((FA_VI)t - magic_bits) + FA_EXP_BIAS) << FA_MANT_BITS;
+    FA_V res = p * (FA_V)e;
+    res = FA_SFX(fa_select)(under, FA_SFX(fa_set1)(0), res);
+    res = FA_SFX(fa_select)(over, FA_SFX(fa_set1)((FA_T)INFINITY), res);
+    return res;
+}
+
+/* Load the first n (< W) lanes, the rest filled with `fill`. */
+static inline FA_V FA_SFX(fa_load_part)(const FA_T *p, int64_t n, FA_T fill)
+{
+    FA_T tmp[FA_W];
+    for (int i = 0; i < FA_W; i++) tmp[i] = i < n ? p[i] : fill;
+    return FA_SFX(fa_load)(tmp);
+}
+
+static inline void FA_SFX(fa_store_part)(FA_T *p, FA_V v, int64_t n)
+{
+    FA_T tmp[FA_W];
+    FA_SFX(fa_store)(tmp, v);
+    for (int64_t i = 0; i < n; i++) p[i] = tmp[i];
+}
+
+/* NaN-propagating lane-wise max: a NaN anywhere in the row makes the row max NaN,
+ * so the row's softmax comes out NaN instead of silently dropping the NaN. */
+static inline FA_V FA_SFX(fa_vmax_nan)(FA_V m, FA_V x)
+{
+    return FA_SFX(fa_select)((x > m) | (x != x), x, m);
+}
+
+static inline FA_T FA_SFX(fa_max_nan)(FA_T m, FA_T x)
+{
+    return (x > m || x != x) ? x : m;
+}
+
+/* max(x[0:n]) with NaN propagation; -inf for n == 0. */
+static inline FA_T FA_SFX(fa_row_max)(const FA_T *x, int64_t n)
+{
+    FA_V m0 = FA_SFX(fa_set1)(-(FA_T)INFINITY), m1 = m0;
+    int64_t j = 0;
+    for (; j + 2 * FA_W <= n; j += 2 * FA_W) {
+        m0 = FA_SFX(fa_vmax_nan)(m0, FA_SFX(fa_load)(x + j));
+        m1 = FA_SFX(fa_vmax_nan)(m1, FA_SFX(fa_load)(x + j + FA_W));
+    }
+    for (; j + FA_W <= n; j += FA_W) m0 = FA_SFX(fa_vmax_nan)(m0, FA_SFX(fa_load)(x + j));
+    if (j < n) m1 = FA_SFX(fa_vmax_nan)(m1, FA_SFX(fa_load_part)(x + j, n - j, -(FA_T)INFINITY));
+    m0 = FA_SFX(fa_vmax_nan)(m0, m1);
+    FA_T m = -(FA_T)INFINITY;
+    for (int i = 0; i < FA_W; i++) m = FA_SFX(fa_max_nan)(m, m0[i]);
+    return m;
+}
+
+/* y[j] = exp(x[j] - m) for j < n (x and y may be the same row); returns the sum. */
+static inline FA_T FA_SFX(fa_row_exp_sum)(const FA_T *x, FA_T *y, int64_t n, FA_T m)
+{
+    const FA_V vm = FA_SFX(fa_set1)(m);
+    FA_V s0 = FA_SFX(fa_set1)(0), s1 = s0;
+    int64_t j = 0;
+    for (; j + 2 * FA_W <= n; j += 2 * FA_W) {
+        FA_V e0 = FA_SFX(fa_vexp)(FA_SFX(fa_load)(x + j) - vm);
+        FA_V e1 = FA_SFX(fa_vexp)(FA_SFX(fa_load)(x + j + FA_W) - vm);
+        FA_SFX(fa_store)(y + j, e0);
+        FA_SFX(fa_store)(y + j + FA_W, e1);
+        s0 += e0;
+        s1 += e1;
+    }
+    for (; j + FA_W <= n; j += FA_W) {
+        FA_V e0 = FA_SFX(fa_vexp)(FA_SFX(fa_load)(x + j) - vm);
+        FA_SFX(fa_store)(y + j, e0);
+        s0 += e0;
+    }
+    if (j < n) {
+        /* the fill value -inf becomes exp(-inf) = 0 and adds nothing */
+        FA_V e0 = FA_SFX(fa_vexp)(FA_SFX(fa_load_part)(x + j, n - j, -(FA_T)INFINITY) - vm);
+        FA_SFX(fa_store_part)(y + j, e0, n - j);
+        s1 += e0;
+    }
+    s0 += s1;
+    FA_T s = 0;
+    for (int i = 0; i < FA_W; i++) s += s0[i];
+    return s;
+}
+
+/* y[j] = x[j] * a */
+static inline void FA_SFX(fa_row_scale)(const FA_T *x, FA_T *y, int64_t n, FA_T a)
+{
+    int64_t j = 0;
+    for (; j + FA_W <= n; j += FA_W) FA_SFX(fa_store)(y + j, FA_SFX(fa_load)(x + j) * a);
+    for (; j < n; j++) y[j] = x[j] * a;
+}
+
+/* y[j] = x[j] + a */
+static inline void FA_SFX(fa_row_shift)(const FA_T *x, FA_T *y, int64_t n, FA_T a)
+{
+    int64_t j = 0;
+    for (; j + FA_W <= n; j += FA_W) FA_SFX(fa_store)(y + j, FA_SFX(fa_load)(x + j) + a);
+    for (; j < n; j++) y[j] = x[j] + a;
+}
+
+/* x[j] = c * tanh(x[j] / c), tanh(u) = 1 - 2 / (exp(2u) + 1): exact limits +-1
+ * for large |u| (exp overflows to inf or underflows to 0), NaN propagates. */
+static inline void FA_SFX(fa_row_softcap)(FA_T *x, int64_t n, FA_T c)
+{
+    const FA_T two_over_c = 2 / c;
+    int64_t j = 0;
+    for (; j < n; j += FA_W) {
+        int64_t m = n - j < FA_W ? n - j : FA_W;
+        FA_V u = m == FA_W ? FA_SFX(fa_load)(x + j) : FA_SFX(fa_load_part)(x + j, m, 0);
+        FA_V e = FA_SFX(fa_vexp)(u * two_over_c);
+        FA_V t = c - (2 * c) / (e + 1);
+        if (m == FA_W) FA_SFX(fa_store)(x + j, t);
+        else FA_SFX(fa_store_part)(x + j, t, m);
+    }
+}
+
+/* QK micro-kernel.  S[0:MR, c*NR:(c+1)*NR] = Qp[0:MR, 0:D] . panel_c for each
+ * panel c in [c0, c1).  Qp rows are ldq apart; Kt is stored as panels of
+ * D x NR (panel c at kt + c*D*NR, row d of it at + d*NR), so the inner loop
+ * reads K sequentially; S rows are lds apart. */
+static inline void FA_SFX(fa_qk_block)(const FA_T *restrict qp, int64_t ldq,
+                                       const FA_T *restrict kt, int64_t D,
+                                       FA_T *restrict s, int64_t lds, int64_t c0, int64_t c1)
+{
+    for (int64_t c = c0; c < c1; c++) {
+        const FA_T *panel = kt + c * D * FA_QK_NR;
+        FA_V acc[FA_QK_MR][FA_QK_NV];
+        FA_UNROLL for (int i = 0; i < FA_QK_MR; i++)
+            FA_UNROLL for (int v = 0; v < FA_QK_NV; v++) acc[i][v] = FA_SFX(fa_set1)(0);
+        for (int64_t d = 0; d < D; d++) {
+            FA_V b[FA_QK_NV];
+            FA_UNROLL for (int v = 0; v < FA_QK_NV; v++) b[v] = FA_SFX(fa_load)(panel + d * FA_QK_NR + v * FA_W);
+            FA_UNROLL for (int i = 0; i < FA_QK_MR; i++) {
+                const FA_V a = FA_SFX(fa_set1)(qp[i * ldq + d]);
+                FA_UNROLL for (int v = 0; v < FA_QK_NV; v++) acc[i][v] += a * b[v];
+            }
+        }
+        FA_UNROLL for (int i = 0; i < FA_QK_MR; i++)
+            FA_UNROLL for (int v = 0; v < FA_QK_NV; v++)
+                FA_SFX(fa_store)(s + i * lds + c * FA_QK_NR + v * FA_W, acc[i][v]);
+    }
+}
+
+/* PV micro-kernel on nv (<= FA_PV_NV, a compile-time constant after inlining)
+ * vectors of columns: O[0:MR, :nv*W] += P[0:MR, k0:k1] . V[k0:k1, :nv*W]. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp, int64_t ldv,
+                    int64_t k0, int64_t k1, FA_T *restrict o, int64_t ldo, const int nv)
+{
+    FA_V acc[FA_PV_MR][FA_PV_NV];
+    FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
+        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
+            if (v < nv) acc[i][v] = FA_SFX(fa_load)(o + i * ldo + v * FA_W);
+    for (int64_t k = k0; k < k1; k++) {
+        FA_V b[FA_PV_NV];
+        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
+            if (v < nv) b[v] = FA_SFX(fa_load)(vp + k * ldv + v * FA_W);
+        FA_UNROLL for (int i = 0; i < FA_PV_MR; i++) {
+            const FA_V a = FA_SFX(fa_set1)(p[i * ldp + k]);
+            FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
+                if (v < nv) acc[i][v] += a * b[v];
+        }
+    }
+    FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
+        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
+            if (v < nv) FA_SFX(fa_store)(o + i * ldo + v * FA_W, acc[i][v]);
+}
+
+/* O[0:MR, 0:nvec*W] += P[0:MR, k0:k1] . V[k0:k1, 0:nvec*W], in column chunks. */
+static inline void FA_SFX(fa_pv_block)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp,
+                                       int64_t ldv, int64_t k0, int64_t k1, FA_T *restrict o,
+                                       int64_t ldo, int64_t nvec)
+{
+    int64_t c = 0;
+    for (; c + FA_PV_NV <= nvec; c += FA_PV_NV)
+        FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, FA_PV_NV);
+    switch (nvec - c) {
+    case 1: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, 1); break;
+    case 2: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, 2); break;
+    case 3: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, 3); break;
+    default: break;
+    }
+}
+
+#undef FA_W
+#undef FA_QK_NR
