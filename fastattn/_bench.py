@@ -21,6 +21,7 @@ A case is a plain dict (it travels to the child as JSON)::
 torch.  ``window`` is ``[left, right]``: query i sees keys i-left .. i+right.
 ``kv_lengths`` lists, per batch entry, how many leading keys are valid.
 """
+import io
 import json
 import math
 import os
@@ -226,8 +227,7 @@ def _fastattn_runner(case, inputs, threads, np):
     fastattn.set_num_threads(threads)
     info = {"version": getattr(fastattn, "__version__", "?")}
     try:
-        cfg = fastattn.show_config()
-        info["config"] = cfg if isinstance(cfg, str) else None
+        info["config"] = fastattn.show_config(file=io.StringIO())   # stdout carries the result
     except Exception as exc:                               # config is informative only
         info["config"] = f"show_config() failed: {exc!r}"
     if case["kind"] == "softmax":

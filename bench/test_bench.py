@@ -1,0 +1,164 @@
+"""pytest-benchmark suite: fastattn against the naive NumPy baseline, one group per case.
+
+    pytest bench/ --benchmark-only                 # time everything (a few minutes)
+    pytest bench/ --benchmark-disable              # one call each + correctness: the CI check
+    pytest bench/ --benchmark-only -k "prefill or decode" --bench-threads 1
+
+Every fastattn benchmark also checks its result against ``fastattn.reference``
+(the float64 specification) on a cheap slice -- a few query rows of the first
+and last (batch, head) -- so that ``--benchmark-disable`` is a quick
+correctness run over the same shapes.  The "numpy" contestant is the naive
+``softmax(q kᵀ/√d) v`` in the input dtype; it is skipped on cases whose score
+matrix would be huge.
+
+Both contestants run in this one process, which is fine for NumPy against
+fastattn; the authoritative comparison with torch (which must not share a
+process with fastattn's OpenMP runtime) is ``python bench/compare.py``.
+"""
+import math
+
+import numpy as np
+import pytest
+
+fastattn = pytest.importorskip("fastattn")
+if not hasattr(fastattn, "attention"):
+    pytest.skip("fastattn is not built (python setup.py build_ext --inplace)", allow_module_level=True)
+
+from fastattn import _bench as H  # noqa: E402
+from fastattn import reference  # noqa: E402
+
+A, S = H.attention_case, H.softmax_case
+
+# The numpy contestant is skipped when its score matrix exceeds this.
+NUMPY_MAX_SCORES_BYTES = 512 * 2**20
+
+STANDARD = [
+    A("prefill", 1, 8, 1024, 1024, 64),
+    A("long", 1, 4, 4096, 4096, 128),
+    A("causal", 1, 8, 1024, 1024, 64, causal=True),
+    A("causal-batch", 4, 8, 512, 512, 64, causal=True),
+    A("decode", 1, 32, 1, 4096, 128),
+    A("decode-1head", 1, 1, 1, 131072, 128),
+    A("batch", 32, 8, 128, 128, 64),
+    A("f64", 1, 8, 1024, 1024, 64, dtype="float64"),
+    A("tiny", 1, 1, 3, 3, 64),
+    A("memory", 1, 1, 16384, 16384, 64),
+    A("gqa-decode", 1, 32, 1, 8192, 128, Hkv=8),
+    A("window", 1, 4, 8192, 8192, 64, window=(256, 0)),
+    A("mask", 1, 8, 1024, 1024, 64, mask="random"),
+    A("kv-lengths", 8, 8, 1, 4096, 128, kv_lengths=[512 * (i + 1) for i in range(8)]),
+]
+
+# The same speed must hold off the standard shapes: head sizes and odd lengths.
+SWEEP = [
+    A(f"D{d}-{dt[5:]}{'-causal' if c else ''}", 1, 4, 512, 512, d, dtype=dt, causal=c)
+    for d in (64, 80, 96, 128, 256) for dt in ("float32", "float64") for c in (False, True)
+] + [
+    A(f"L{n}-{dt[5:]}{'-causal' if c else ''}", 1, 4, n, n, 64, dtype=dt, causal=c)
+    for n in (1, 777, 1000) for dt in ("float32", "float64") for c in (False, True)
+]
+
+ATTENTION_CASES = STANDARD + SWEEP
+SOFTMAX_CASES = [S("softmax", 4096, 4096), S("softmax-f64-odd", 1000, 777, dtype="float64")]
+
+_inputs_cache = {}
+
+
+def inputs_for(case):
+    """Inputs of a case, built once per session (the largest are ~200 MiB)."""
+    if case["id"] not in _inputs_cache:
+        _inputs_cache.clear()          # keep one case's inputs alive at a time
+        _inputs_cache[case["id"]] = H.make_inputs(case, np)
+    return _inputs_cache[case["id"]]
+
+
+def fastattn_kwargs(case, inputs):
+    kw = {"causal": case["causal"]}
+    if case["window"]:
+        kw["window"] = tuple(case["window"])
+    if case["mask"]:
+        kw["mask"] = inputs["mask"]
+    if case["kv_lengths"]:
+        kw["kv_lengths"] = inputs["kv_lengths"]
+    return kw
+
+
+def tolerance(dtype):
+    return dict(rtol=2e-4, atol=2e-5) if dtype == "float32" else dict(rtol=1e-10, atol=1e-12)
+
+
+def check_attention(case, inputs, out):
+    """Compare ``out`` with reference.attention on the first and last rows of two heads.
+
+    The first rows need only the first keys under a causal mask (top-left);
+    the last rows are compared with ``causal='bottom_right'`` so that their
+    diagonal stays where it is in the full problem.
+    """
+    assert out.shape == (case["B"], case["Hq"], case["Lq"], case["Dv"])
+    assert out.dtype == np.dtype(case["dtype"])
+    r = min(case["Lq"], 48)
+    group = case["Hq"] // case["Hkv"]
+    kw = fastattn_kwargs(case, inputs)
+    for b, h in {(0, 0), (case["B"] - 1, case["Hq"] - 1)}:
+        q, k, v = inputs["q"][b, h], inputs["k"][b, h // group], inputs["v"][b, h // group]
+        ref_kw = dict(kw)
+        if case["kv_lengths"]:
+            ref_kw["kv_lengths"] = inputs["kv_lengths"][b]
+        mask = inputs.get("mask")
+        for rows, causal in ((slice(0, r), case["causal"] and "top_left"),
+                             (slice(case["Lq"] - r, case["Lq"]), case["causal"] and "bottom_right")):
+            nk = r if (causal == "top_left" and case["Lq"] == case["Lk"]) else case["Lk"]
+            if case["window"]:          # the window's diagonal must stay where it is
+                if rows.start:
+                    continue
+                nk = case["Lk"]
+            if mask is not None:
+                ref_kw["mask"] = mask[rows, :nk]
+            ref = reference.attention(q[rows], k[:nk], v[:nk], **dict(ref_kw, causal=causal or False))
+            np.testing.assert_allclose(out[b, h, rows], ref, **tolerance(case["dtype"]),
+                                       err_msg=f"{case['id']}: batch {b}, head {h}, rows {rows}")
+
+
+def _group(benchmark, case):
+    benchmark.group = case["id"]
+    if case["kind"] == "attention":
+        benchmark.extra_info["gflop"] = H.attention_flops(case) / 1e9
+        benchmark.extra_info["kv_mib"] = H.kv_bytes(case) / 2**20
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=[c["id"] for c in ATTENTION_CASES])
+def test_fastattn(benchmark, case, bench_threads):
+    _group(benchmark, case)
+    inputs = inputs_for(case)
+    kw = fastattn_kwargs(case, inputs)
+    out = benchmark(fastattn.attention, inputs["q"], inputs["k"], inputs["v"],
+                    num_threads=bench_threads, **kw)
+    check_attention(case, inputs, out)
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=[c["id"] for c in ATTENTION_CASES])
+def test_numpy(benchmark, case, bench_threads):
+    if H.numpy_scores_bytes(case) > NUMPY_MAX_SCORES_BYTES:
+        pytest.skip(f"naive NumPy needs a {H.numpy_scores_bytes(case) / 2**30:.1f} GiB score matrix")
+    _group(benchmark, case)
+    inputs = inputs_for(case)
+    blocked = H._blocked(H.allowed_mask(case, inputs, np))
+    out = benchmark(H.naive_attention, inputs["q"], inputs["k"], inputs["v"],
+                    1.0 / math.sqrt(case["D"]), blocked, np)
+    assert out.shape == (case["B"], case["Hq"], case["Lq"], case["Dv"])
+
+
+@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=[c["id"] for c in SOFTMAX_CASES])
+def test_fastattn_softmax(benchmark, case, bench_threads):
+    benchmark.group = case["id"]
+    x = inputs_for(case)["x"]
+    out = benchmark(fastattn.softmax, x, axis=-1, num_threads=bench_threads)
+    assert out.dtype == x.dtype and out.shape == x.shape
+    np.testing.assert_allclose(out[:64], reference.softmax(x[:64], axis=-1), **tolerance(case["dtype"]))
+
+
+@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=[c["id"] for c in SOFTMAX_CASES])
+def test_scipy_softmax(benchmark, case):
+    special = pytest.importorskip("scipy.special")
+    benchmark.group = case["id"]
+    benchmark(special.softmax, inputs_for(case)["x"], axis=-1)
