@@ -232,13 +232,15 @@ def test_inputs_unchanged_with_all_options(rng):
                                    ((1,), (1,), (1,), 257, 129, 80, 80)], ids=_ids)
 def test_thread_determinism(shape, dtype, rng):
     q, k, v = _make(rng, shape, dtype)
-    r1 = fastattn.attention(q, k, v, causal=True, num_threads=1, return_weights=True, return_lse=True)
-    for nt in (2, 3):
-        rn = fastattn.attention(q, k, v, causal=True, num_threads=nt, return_weights=True, return_lse=True)
-        for a, b, name in zip(r1, rn, ("out", "weights", "lse")):
-            assert np.array_equal(a, b), f"{name} differs between num_threads=1 and {nt}"
-    rd = fastattn.attention(q, k, v, causal=True)
-    assert np.array_equal(rd, r1[0]), "default num_threads differs from num_threads=1"
+    # each return mode may take its own code path; within a mode, the thread count must not matter
+    for flags in (dict(), dict(return_lse=True), dict(return_weights=True, return_lse=True)):
+        r1 = fastattn.attention(q, k, v, causal=True, num_threads=1, **flags)
+        r1 = r1 if isinstance(r1, tuple) else (r1,)
+        for nt in (2, 3, None):
+            rn = fastattn.attention(q, k, v, causal=True, num_threads=nt, **flags)
+            rn = rn if isinstance(rn, tuple) else (rn,)
+            for a, b, name in zip(r1, rn, ("out", "2nd", "3rd")):
+                assert np.array_equal(a, b), f"{name} differs between num_threads=1 and {nt} ({flags})"
 
 
 def test_repeatable(rng):

@@ -52,14 +52,18 @@ def test_batch_not_broadcastable():
     with pytest.raises(ValueError) as ei:
         fastattn.attention(q, k, v)
     msg = str(ei.value)
-    assert shape_str(q.shape) in msg and shape_str(k.shape) in msg, msg
+    assert re.search(word("q"), msg) and re.search(word("k"), msg), msg
+    # full shapes or just the batch dims
+    assert (shape_str(q.shape) in msg and shape_str(k.shape) in msg) or ("(2,)" in msg and "(3,)" in msg), msg
 
 
 def test_heads_not_divisible():
     q, k, v = Z((1, 4, 5, 8)), Z((1, 3, 7, 8)), Z((1, 3, 7, 4))
     with pytest.raises(ValueError) as ei:
         fastattn.attention(q, k, v)
-    assert shape_str(q.shape) in str(ei.value) or shape_str(k.shape) in str(ei.value), str(ei.value)
+    msg = str(ei.value)
+    assert re.search(word("q"), msg) and re.search(word("k"), msg), msg
+    assert any(s in msg for s in (shape_str(q.shape), shape_str(k.shape), "(1, 4)", "(1, 3)")), msg
 
 
 @pytest.mark.parametrize("which", ["q", "k", "v"])
@@ -254,7 +258,7 @@ def test_merge_errors():
     with pytest.raises(ValueError, match="lses") as ei:
         fastattn.merge_attention([np.zeros((3, 2))], [np.zeros(4)])
     assert "(4,)" in str(ei.value) or "(3,)" in str(ei.value), str(ei.value)
-    with pytest.raises(ValueError, match="outs"):
+    with pytest.raises(ValueError, match="outs|output"):
         fastattn.merge_attention([np.zeros((3, 2)), np.zeros((3, 3))], [np.zeros(3), np.zeros(3)])
 
 
