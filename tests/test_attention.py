@@ -290,3 +290,63 @@ def test_vs_torch(dtype, causal):
         want = _torch_sdpa(torch, q, k, v, is_causal=causal)
         out = fastattn.attention(q, k, v, causal=causal)
         assert_close(out, want, dtype, tol=1e-5 if dtype == np.float32 else 1e-10)
+
+
+# ------------------------------------------------------------------ unusual inputs
+@pytest.mark.parametrize("dtype", [">f8", ">f4", "<f8"])
+def test_byte_order(dtype, rng):
+    q0, k0, v0 = _make(rng, ((2,), (2,), (2,), 9, 21, 16, 8), np.float64)
+    q, k, v = (a.astype(dtype) for a in (q0, k0, v0))
+    out = fastattn.attention(q, k, v)
+    want_dtype = np.dtype(dtype).newbyteorder("=")
+    assert out.dtype == want_dtype or out.dtype == np.dtype(dtype)
+    assert_close(out, R.attention(q, k, v), np.dtype(dtype).newbyteorder("="))
+
+
+def test_misaligned_data(rng):
+    q0, k0, v0 = _make(rng, ((2,), (2,), (2,), 9, 21, 16, 8), np.float64)
+
+    def misaligned(a):
+        buf = np.zeros(a.nbytes + 1, dtype=np.uint8)
+        m = buf[1:].view(a.dtype).reshape(a.shape)
+        m[...] = a
+        assert not m.flags.aligned
+        return m
+
+    q, k, v = (misaligned(a) for a in (q0, k0, v0))
+    assert_close(fastattn.attention(q, k, v), R.attention(q0, k0, v0), np.float64)
+
+
+@pytest.mark.parametrize("D,Dv", [(512, 512), (1024, 64), (64, 1024), (300, 3)])
+def test_large_head_dims(D, Dv, rng):
+    for dtype in FLOATS:
+        q, k, v = _make(rng, ((2,), (2,), (2,), 33, 70, D, Dv), dtype)
+        out, lse = fastattn.attention(q, k, v, causal=True, return_lse=True)
+        want, want_lse = R.attention(q, k, v, causal=True, return_lse=True)
+        assert_close(out, want, dtype)
+        assert_close(lse, want_lse, dtype)
+
+
+def test_nan_in_query_row_poisons_only_that_row(rng):
+    q, k, v = _make(rng, ((2,), (2,), (2,), 9, 21, 16, 8), np.float64)
+    q[1, 4, 3] = np.nan
+    out = fastattn.attention(q, k, v)
+    want = R.attention(q, k, v)
+    assert np.isnan(out[1, 4]).all()
+    assert np.isnan(out).sum() == out.shape[-1]
+    assert_close(out, want, np.float64)
+
+
+def test_long_keys_small_queries_many_threads(rng):
+    for dtype in FLOATS:
+        q, k, v = _make(rng, ((1, 2), (1, 2), (1, 2), 2, 8192, 64, 64), dtype)
+        for causal in (False, "bottom_right"):
+            want = R.attention(q, k, v, causal=causal)
+            out = fastattn.attention(q, k, v, causal=causal, num_threads=2)
+            assert_close(out, want, dtype)
+            assert np.array_equal(out, fastattn.attention(q, k, v, causal=causal, num_threads=1))
+
+
+def test_many_rows_tiny_dims(rng):
+    q, k, v = _make(rng, ((3,), (3,), (3,), 1500, 700, 1, 1), np.float32)
+    assert_close(fastattn.attention(q, k, v, causal=True), R.attention(q, k, v, causal=True), np.float32)

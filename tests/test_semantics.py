@@ -451,3 +451,42 @@ def test_torch_enable_gqa(Hq, Hk):
             pytest.skip("this torch has no enable_gqa")
         tol = 1e-5 if dtype == np.float32 else 1e-10
         assert_close(fastattn.attention(q, k, v, scale=0.3), want, dtype, tol=tol)
+
+
+# ------------------------------------------------------------------ option arrays: layouts & python types
+def test_option_arrays_with_odd_strides(rng):
+    B, H, Lq, Lk = 2, 3, 14, 37
+    q, k, v = qkv(rng, B, H, Lq=Lq, Lk=Lk)
+    mask = np.ascontiguousarray((rng.random((Lk, Lq)) < 0.7)).T  # transposed view
+    bias = np.ascontiguousarray(rng.standard_normal((H, Lq, Lk))[:, ::-1, ::-1])[:, ::-1, ::-1]  # negative
+    slopes = np.array([0.5, 0.0, 0.1, 0.25, 0.3, 0.9])[::2]  # strided
+    lens = np.array([[5, 0], [37, 0]])[:, :1]  # strided (B, 1)
+    assert not mask.flags.c_contiguous and bias.strides[-1] < 0
+    check(q, k, v, mask=mask, bias=bias, alibi_slopes=slopes, kv_lengths=lens, causal=True)
+    # zero-stride broadcast views
+    check(q, k, v, mask=np.broadcast_to(mask, (B, H, Lq, Lk)), bias=np.broadcast_to(bias[:1], (B, H, Lq, Lk)))
+
+
+def test_option_python_types(rng):
+    q, k, v = qkv(rng, 2, 2, Lq=5, Lk=9)
+    check(q, k, v, kv_lengths=[[3], [9]], alibi_slopes=[0.5, 0.25], mask=[[True] * 9] * 5,
+          bias=[[0.1] * 9] * 5)
+    check(q, k, v, kv_lengths=4, alibi_slopes=0.5, window=np.int64(2), softcap=np.float32(3.0))
+
+
+def test_bottom_right_window_at_the_end_of_long_keys(rng):
+    q, k, v = qkv(rng, 1, 2, Lq=4, Lk=8192, D=64, Dv=64, dtype=np.float32)
+    check(q, k, v, causal="bottom_right", window=(100, 0))
+    check(q, k, v, causal="bottom_right", window=(100, 0), kv_lengths=np.array([[5000]]))
+
+
+@pytest.mark.parametrize("dtype", [np.float16])
+def test_float16_with_options(dtype, rng):
+    q, k, v = qkv(rng, 2, 4, 2, Lq=20, Lk=45, dtype=dtype)
+    out, lse = fastattn.attention(q, k, v, causal="bottom_right", window=(7, 1), softcap=10.0,
+                                  alibi_slopes=np.float16([0.1, 0.2, 0.3, 0.4]), return_lse=True)
+    want, want_lse = R.attention(q, k, v, causal="bottom_right", window=(7, 1), softcap=10.0,
+                                 alibi_slopes=np.float16([0.1, 0.2, 0.3, 0.4]), return_lse=True)
+    assert out.dtype == np.float16 and lse.dtype == np.float32
+    assert_close(out, want, np.float16)
+    assert_close(lse, want_lse, np.float32, tol=1e-5)
