@@ -137,9 +137,9 @@ def _read(path: str) -> Optional[str]:
         return None
 
 
-def _cgroup_mounts():
+def _cgroup_mounts(root: str = ""):
     """Yield (version, mount_point, mount_root, super_options) for cgroup mounts."""
-    text = _read("/proc/self/mountinfo")
+    text = _read(root + "/proc/self/mountinfo")
     if not text:
         return
     for line in text.splitlines():
@@ -151,9 +151,9 @@ def _cgroup_mounts():
             continue
         fstype = rf[0]
         if fstype == "cgroup2":
-            yield 2, lf[4], lf[3], ""
+            yield 2, root + lf[4], lf[3], ""
         elif fstype == "cgroup":
-            yield 1, lf[4], lf[3], rf[2]
+            yield 1, root + lf[4], lf[3], rf[2]
 
 
 def _cgroup_dirs(mount_point: str, mount_root: str, cg_path: str):
@@ -176,11 +176,14 @@ def _quota_to_cpus(quota: float, period: float) -> Optional[int]:
     return max(1, math.ceil(quota / period))
 
 
-def _cgroup_cpu_limit() -> Optional[int]:
-    """CPU limit implied by the cgroup v2 ``cpu.max`` / v1 CFS quota, or None."""
-    if not sys.platform.startswith("linux"):
+def _cgroup_cpu_limit(root: str = "") -> Optional[int]:
+    """CPU limit implied by the cgroup v2 ``cpu.max`` / v1 CFS quota, or None.
+
+    ``root`` prefixes every path read (tests use a fake filesystem tree).
+    """
+    if not sys.platform.startswith("linux") and not root:
         return None
-    cg_text = _read("/proc/self/cgroup") or ""
+    cg_text = _read(root + "/proc/self/cgroup") or ""
     v2_path, v1_path = None, None
     for line in cg_text.splitlines():
         fields = line.split(":", 2)
@@ -193,10 +196,10 @@ def _cgroup_cpu_limit() -> Optional[int]:
             v1_path = path
     limits = []
     seen_v2 = seen_v1 = False
-    for version, mnt, root, opts in _cgroup_mounts():
+    for version, mnt, mroot, opts in _cgroup_mounts(root):
         if version == 2 and v2_path is not None and not seen_v2:
             seen_v2 = True
-            for d in _cgroup_dirs(mnt, root, v2_path):
+            for d in _cgroup_dirs(mnt, mroot, v2_path):
                 txt = _read(os.path.join(d, "cpu.max"))
                 if txt:
                     q, _, p = txt.partition(" ")
@@ -209,7 +212,7 @@ def _cgroup_cpu_limit() -> Optional[int]:
                             limits.append(lim)
         elif version == 1 and v1_path is not None and not seen_v1 and "cpu" in opts.split(","):
             seen_v1 = True
-            for d in _cgroup_dirs(mnt, root, v1_path):
+            for d in _cgroup_dirs(mnt, mroot, v1_path):
                 q = _read(os.path.join(d, "cpu.cfs_quota_us"))
                 p = _read(os.path.join(d, "cpu.cfs_period_us"))
                 if q and p:
@@ -220,7 +223,7 @@ def _cgroup_cpu_limit() -> Optional[int]:
                     if lim:
                         limits.append(lim)
     if not limits:   # no usable mountinfo: try the usual fixed locations
-        txt = _read("/sys/fs/cgroup/cpu.max")
+        txt = _read(root + "/sys/fs/cgroup/cpu.max")
         if txt and not txt.startswith("max"):
             q, _, p = txt.partition(" ")
             try:
@@ -230,8 +233,8 @@ def _cgroup_cpu_limit() -> Optional[int]:
             except ValueError:
                 pass
         for base in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup"):
-            q = _read(os.path.join(base, "cpu.cfs_quota_us"))
-            p = _read(os.path.join(base, "cpu.cfs_period_us"))
+            q = _read(root + os.path.join(base, "cpu.cfs_quota_us"))
+            p = _read(root + os.path.join(base, "cpu.cfs_period_us"))
             if q and p:
                 try:
                     lim = _quota_to_cpus(float(q), float(p))
