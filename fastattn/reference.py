@@ -303,7 +303,15 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
 
     w, lse, empty = _softmax_lse_lastaxis(s)
     with np.errstate(all="ignore"):
-        out = np.matmul(w, v)
+        # Invisible keys never contribute, even when their values are inf/NaN
+        # (e.g. garbage padding beyond kv_lengths): 0 * NaN must not leak in.
+        finite_v = np.isfinite(v)
+        if finite_v.all():
+            out = np.matmul(w, v)
+        else:
+            out = np.matmul(w, np.where(finite_v, v, 0.0))
+            vbad = np.where(finite_v, 0.0, v)
+            out = out + np.where(visible[..., None], w[..., None] * vbad[..., None, :, :], 0.0).sum(-2)
     out = np.array(np.broadcast_to(out, batch + (Lq, Dv)), dtype=np.float64)
     out = np.where(empty[..., None], 0.0, out)
 

@@ -615,3 +615,26 @@ def test_all_combinations_small_grid():
         assert_close(out, np.array(n_out), np.float64, what=str(kw))
         assert_close(w, np.array(n_w), np.float64, what=str(kw))
         np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(n_lse))
+
+
+def test_invisible_values_never_contribute(rng):
+    """inf/NaN in values of invisible keys (padding beyond kv_lengths, masked keys) do not leak."""
+    q, k, v = rng.standard_normal((2, 5, 3)), rng.standard_normal((2, 8, 3)), rng.standard_normal((2, 8, 2))
+    kp, vp = k.copy(), v.copy()
+    kp[0, 4:] = np.nan
+    vp[0, 4:] = np.nan
+    vp[1, 7] = np.inf
+    lens = np.array([4, 7])
+    out = R.attention(q, kp, vp, kv_lengths=lens)
+    want = np.stack([R.attention(q[0], k[0, :4], v[0, :4]), R.attention(q[1], k[1, :7], v[1, :7])])
+    assert_close(out, want, np.float64)
+    mask = np.ones((5, 8), bool)
+    mask[:, 2] = False
+    v2 = v.copy()
+    v2[:, 2] = np.nan
+    assert_close(R.attention(q, k, v2, mask=mask), R.attention(q, k, v, mask=mask), np.float64)
+    # a visible NaN value still poisons its output column
+    v3 = v.copy()
+    v3[0, 1, 0] = np.nan
+    out = R.attention(q, k, v3)
+    assert np.isnan(out[0, :, 0]).all() and not np.isnan(out[0, :, 1]).any()

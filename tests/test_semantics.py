@@ -490,3 +490,33 @@ def test_float16_with_options(dtype, rng):
     assert out.dtype == np.float16 and lse.dtype == np.float32
     assert_close(out, want, np.float16)
     assert_close(lse, want_lse, np.float32, tol=1e-5)
+
+
+def test_kv_lengths_padding_may_hold_garbage(rng):
+    """Keys/values beyond kv_lengths are never read into the result (NaN/inf padding is harmless)."""
+    for dtype in FLOATS:
+        q, k, v = qkv(rng, 2, 2, Lq=6, Lk=40, dtype=dtype)
+        lens = np.array([[9], [40]])
+        kp, vp = k.copy(), v.copy()
+        kp[0, :, 9:] = np.nan
+        vp[0, :, 9:] = np.inf
+        out = fastattn.attention(q, kp, vp, kv_lengths=lens)
+        assert not np.isnan(out).any()
+        assert_close(out, R.attention(q, k, v, kv_lengths=lens), dtype)
+
+
+@pytest.mark.parametrize("how", ["mask", "causal", "window"])
+def test_masked_keys_may_hold_garbage(how, rng):
+    """Values of keys a row cannot see never reach that row, even when inf/NaN
+    (e.g. an uninitialised KV-cache slot hidden by a padding mask or by causality)."""
+    q, k, v = qkv(rng, 1, 2, Lq=6, Lk=6)
+    vp = v.copy()
+    vp[..., 5, :] = np.nan  # last key: invisible to rows 0..4 under causal / (0, 0) window / mask
+    opts = {"mask": dict(mask=np.arange(6) < 5), "causal": dict(causal=True), "window": dict(window=(0, 0))}[how]
+    out = fastattn.attention(q, k, vp, **opts)
+    want = R.attention(q, k, vp, **opts)
+    if how == "mask":
+        assert not np.isnan(want).any()
+    else:
+        assert np.isnan(want[..., 5, :]).all() and not np.isnan(want[..., :5, :]).any()
+    assert_close(out, want, np.float64)
