@@ -209,3 +209,14 @@ def rng(request):
 @pytest.fixture(scope="session")
 def ref():
     return reference
+
+
+class _LazyScipySpecial:
+    """``scipy.special`` imported on first use; only the tests that touch it skip when
+    scipy is missing (the rest of a module never does)."""
+
+    def __getattr__(self, name):
+        return getattr(pytest.importorskip("scipy.special"), name)
+
+
+scipy_special = _LazyScipySpecial()

@@ -8,9 +8,7 @@ import pytest
 
 import fastattn
 from conftest import (LAYOUTS, assert_close, assert_unchanged, expected_dtype, make_layout, randn,
-                      reference as R, snapshot)
-
-scipy_special = pytest.importorskip("scipy.special")
+                      reference as R, scipy_special, snapshot)
 
 FLOATS = [np.float32, np.float64]
 FUNCS = {"softmax": (fastattn.softmax, R.softmax), "log_softmax": (fastattn.log_softmax, R.log_softmax)}
