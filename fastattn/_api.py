@@ -134,7 +134,11 @@ def _batch_table(values, name, bshape_q, nbatch_g, dtype):
 
 def _score_operand(x, name, full_shape):
     """mask / bias: must broadcast to (..., Lq, Lk); returned with >= 2 dims."""
-    if x.ndim > len(full_shape) or np.broadcast_shapes(x.shape, full_shape) != tuple(full_shape):
+    try:
+        ok = x.ndim <= len(full_shape) and np.broadcast_shapes(x.shape, full_shape) == tuple(full_shape)
+    except ValueError:
+        ok = False
+    if not ok:
         raise ValueError(f"{name} with shape {x.shape} does not broadcast to the score shape "
                          f"{tuple(full_shape)}")
     if x.ndim < 2:

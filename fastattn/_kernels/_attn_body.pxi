@@ -329,15 +329,50 @@ cdef void pack_k_tile(const Plan *P, floating *kt, const floating *kbase, int64_
             panel[d * NR] = src[d * sc]
 
 
-cdef void pack_v_tile(const Plan *P, floating *vp, int64_t dvp, const floating *vbase,
-                      int64_t t0, int64_t n) noexcept nogil:
-    """Copy value rows t0..t0+n-1 into rows of dvp (padding columns stay zero)."""
+cdef int pack_v_tile(const Plan *P, floating *vp, int64_t dvp, const floating *vbase,
+                     int64_t t0, int64_t n) noexcept nogil:
+    """Copy value rows t0..t0+n-1 into rows of dvp (padding columns stay zero).
+    Returns 1 when the tile holds an inf or NaN (see pv_rows_exact)."""
     cdef int64_t j, c, Dv = P.Dv, sr = P.v.sr, sc = P.v.sc
     cdef const floating *src
+    cdef floating x, probe = 0
     for j in range(n):
         src = vbase + (t0 + j) * sr
         for c in range(Dv):
-            vp[j * dvp + c] = src[c * sc]
+            x = src[c * sc]
+            vp[j * dvp + c] = x
+            probe += x * 0      # stays 0 unless some x is inf or NaN
+    return probe != 0
+
+
+cdef void pv_rows_exact(const Plan *P, const Workspace *ws, const floating *s, const floating *vp,
+                        int64_t dvp, floating *o, int64_t r0, int64_t nr, int64_t t0, int64_t n,
+                        int64_t mbo) noexcept nogil:
+    """O += P . V one row at a time over exactly the keys each row sees.
+
+    Used for tiles whose values hold inf/NaN: the blocked kernel multiplies the
+    zero probabilities of invisible keys by those values too (0 * NaN = NaN), so
+    a NaN in a masked-out KV-cache slot would leak into rows that never see it."""
+    cdef int64_t i, j, c, a, e, grp, pos
+    cdef const uint8_t *mask = NULL
+    cdef floating p
+    for i in range(nr):
+        a = ws.lo[i] - t0
+        e = ws.hi[i] - t0
+        if a < 0:
+            a = 0
+        if e > n:
+            e = n
+        if P.has_mask:
+            grp = ws.goff[i]
+            pos = r0 + i - grp * P.Lq
+            mask = (<const uint8_t *>P.mask.base) + mbo + grp * P.mask.sg + pos * P.mask.sr
+        for j in range(a, e):
+            if P.has_mask and not mask[(t0 + j) * P.mask.sc]:
+                continue
+            p = s[i * BLOCK_K + j]
+            for c in range(P.Dv):
+                o[i * dvp + c] += p * vp[j * dvp + c]
 
 
 cdef void apply_score_options(const Plan *P, floating *srow, int64_t i, int64_t t0, int64_t a, int64_t e,
@@ -400,6 +435,7 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     cdef floating *orow
     cdef floating *srow
     cdef int need_pv = mode != MODE_STATS
+    cdef int v_nonfinite
     cdef int needs_options = P.softcap > 0 or P.has_bias or P.has_alibi or P.has_mask
     cdef int64_t Rq = round_up(nr, FA_QK_MR), Rp = round_up(nr, FA_PV_MR)
 
@@ -424,8 +460,7 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
             t1 = hi_all
         n = t1 - t0
         pack_k_tile(P, kt, (<floating *>P.k.base) + kbo, t0, n)
-        if need_pv:
-            pack_v_tile(P, vp, dvp, (<floating *>P.v.base) + vbo, t0, n)
+        v_nonfinite = need_pv and pack_v_tile(P, vp, dvp, (<floating *>P.v.base) + vbo, t0, n)
 
         # S = Qp . Ktᵀ, each register block of rows only over the panels its rows
         # can see (this is what clips the causal diagonal tile)
@@ -498,7 +533,9 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
                 srow[j] = 0
 
         # O += P . V, each register block of rows over the keys its rows see
-        if need_pv:
+        if v_nonfinite:
+            pv_rows_exact(P, ws, s, vp, dvp, o, r0, nr, t0, n, mbo)
+        elif need_pv:
             i0 = 0
             while i0 < nr:
                 a = n

@@ -19,7 +19,9 @@ static inline void FA_SFX(fa_store)(FA_T *p, FA_V v)
 
 static inline FA_V FA_SFX(fa_set1)(FA_T x)
 {
-    return (FA_V){0} + x;
+    FA_V v;
+    for (int i = 0; i < FA_W; i++) v[i] = x;
+    return v;
 }
 
 /* Lane-wise mask ? a : b, with mask lanes all-ones or all-zeros. */
@@ -166,17 +168,34 @@ static inline void FA_SFX(fa_row_shift)(const FA_T *x, FA_T *y, int64_t n, FA_T 
     for (; j < n; j++) y[j] = x[j] + a;
 }
 
-/* x[j] = c * tanh(x[j] / c), tanh(u) = 1 - 2 / (exp(2u) + 1): exact limits +-1
- * for large |u| (exp overflows to inf or underflows to 0), NaN propagates. */
+/* x[j] = c * tanh(x[j] / c).  For |u| = |x/c| below a threshold tanh comes from
+ * its odd Taylor series (to u^15), above it from 1 - 2 / (exp(2u) + 1), which
+ * gives the exact limits +-1 for large |u| and propagates NaN; each form is used
+ * where its relative error is below the type's rounding error. */
 static inline void FA_SFX(fa_row_softcap)(FA_T *x, int64_t n, FA_T c)
 {
-    const FA_T two_over_c = 2 / c;
+#ifdef FA_DOUBLE
+    const FA_T thr = 0.1;
+#else
+    const FA_T thr = 0.3f;
+#endif
+    const FA_T inv_c = 1 / c;
     int64_t j = 0;
     for (; j < n; j += FA_W) {
         int64_t m = n - j < FA_W ? n - j : FA_W;
-        FA_V u = m == FA_W ? FA_SFX(fa_load)(x + j) : FA_SFX(fa_load_part)(x + j, m, 0);
-        FA_V e = FA_SFX(fa_vexp)(u * two_over_c);
-        FA_V t = c - (2 * c) / (e + 1);
+        FA_V u = (m == FA_W ? FA_SFX(fa_load)(x + j) : FA_SFX(fa_load_part)(x + j, m, 0)) * inv_c;
+        FA_V u2 = u * u;
+        FA_V p = FA_SFX(fa_set1)((FA_T)(-929569.0 / 638512875.0));
+        p = p * u2 + (FA_T)(21844.0 / 6081075.0);
+        p = p * u2 + (FA_T)(-1382.0 / 155925.0);
+        p = p * u2 + (FA_T)(62.0 / 2835.0);
+        p = p * u2 + (FA_T)(-17.0 / 315.0);
+        p = p * u2 + (FA_T)(2.0 / 15.0);
+        p = p * u2 + (FA_T)(-1.0 / 3.0);
+        p = p * u2 * u + u;
+        FA_V e = FA_SFX(fa_vexp)(u + u);
+        FA_V big = 1 - 2 / (e + 1);
+        FA_V t = FA_SFX(fa_select)((u < thr) & (u > -thr), p, big) * c;
         if (m == FA_W) FA_SFX(fa_store)(x + j, t);
         else FA_SFX(fa_store_part)(x + j, t, m);
     }
