@@ -43,8 +43,9 @@ themselves in a fork child (``pthread_atfork``); Windows has no ``fork``.
 
 Mitigation, installed with :func:`os.register_at_fork`:
 
-* *before* a Python-level fork (``os.fork``, ``multiprocessing``'s ``fork`` and
-  ``forkserver`` start methods), if the forking thread has run one of our parallel
+* *before* a Python-level fork (``os.fork``, ``multiprocessing``'s ``fork`` start
+  method; ``spawn``/``forkserver`` children never inherit a used pool), if the
+  forking thread has run one of our parallel
   regions, every libgomp loaded in the process is asked to release the calling
   thread's pool with ``omp_pause_resource_all(omp_pause_soft)`` (OpenMP 5.0; libgomp
   >= 9).  The child then starts with no pool and is fully multi-threaded; the parent

@@ -106,7 +106,9 @@ echo "sdist has every kernel source and typing file"
 step "building the wheel from the unpacked sdist"
 mkdir -p "$WORK/sdist-src"
 tar -xzf "$SDIST" -C "$WORK/sdist-src"
-"$TOOLS/python" -m build ${BUILD_FLAGS[@]+"${BUILD_FLAGS[@]}"} --wheel --outdir "$WORK/dist" \
+# Release wheels carry no debug info (Python's sysconfig CFLAGS has -g: ~4x larger
+# .so files); a later -g0 wins.  Same setting as [tool.cibuildwheel] environment.
+CFLAGS="${CFLAGS:-} -g0" "$TOOLS/python" -m build ${BUILD_FLAGS[@]+"${BUILD_FLAGS[@]}"} --wheel --outdir "$WORK/dist" \
     "$WORK/sdist-src/$(basename "$SDIST" .tar.gz)"
 WHEEL="$(ls "$WORK"/dist/*.whl)"
 echo "wheel: $(basename "$WHEEL") ($(du -h "$WHEEL" | cut -f1))"
