@@ -243,7 +243,10 @@ def _format(cfg: Dict[str, Any]) -> str:
         add("  (fastattn._kernels._cpu.build_info unavailable)")
     elif isinstance(b, dict):
         for k, v in b.items():
-            if isinstance(v, (list, tuple)):
+            if isinstance(v, dict):
+                v = "; ".join(f"{kk}: {(' '.join(map(str, vv)) or '(none)') if isinstance(vv, (list, tuple)) else vv}"
+                              for kk, vv in v.items())
+            elif isinstance(v, (list, tuple)):
                 v = " ".join(map(str, v))
             add(f"  {k:<20}: {v}")
     else:
