@@ -143,7 +143,8 @@ def run(args):
             log(f"{lib} is not importable" + (f" ({fa_error})" if lib == "fastattn" else "")
                 + f": its column stays empty")
     results = {"machine": machine_info(), "threads": args.threads, "repeats": args.repeats,
-               "min_time": args.min_time, "available": available, "ceilings": [], "cases": []}
+               "min_time": args.min_time, "available": available, "ceilings": [], "cases": [],
+               "loadavg_start": _loadavg()}
 
     for rep in range(args.repeats):
         log(f"[ceilings] repeat {rep + 1}/{args.repeats} ...")
@@ -174,7 +175,15 @@ def run(args):
                 runs[lib].append(r)
         results["cases"].append({"case": case, "describe": describe(case), "numpy_skipped": skip,
                                  "runs": runs})
+    results["loadavg_end"] = _loadavg()
     return results
+
+
+def _loadavg():
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def _median_of(runs, key):
@@ -245,6 +254,12 @@ def print_report(results, ceil, rows, out=sys.stdout):
                 if r.get("config")), None)
     if cfg:
         p("- fastattn config: " + " | ".join(ln.strip() for ln in cfg.strip().splitlines()[:6]))
+    start, end = results.get("loadavg_start"), results.get("loadavg_end")
+    if start is not None:
+        busy = start > 0.5
+        p(f"- load average (1 min) before / after the run: {start:.2f} / {_fmt(end, '.2f')}"
+          + (" — other work was running: absolute times are noisy, trust the ratios more"
+             if busy else ""))
     p(f"- ceilings, same run: float32 matmul 2048³ {_fmt(ceil['matmul_gflops'], '.0f')} GFLOP/s, "
       f"read bandwidth {_fmt(ceil['read_gbs'], '.1f')} GB/s\n")
     p("| case | shape | fastattn | torch | numpy | torch / fastattn | numpy / fastattn "

@@ -126,39 +126,36 @@ def _group(benchmark, case):
         benchmark.extra_info["kv_mib"] = H.kv_bytes(case) / 2**20
 
 
-@pytest.mark.parametrize("case", ATTENTION_CASES, ids=[c["id"] for c in ATTENTION_CASES])
-def test_fastattn(benchmark, case, bench_threads):
-    _group(benchmark, case)
-    inputs = inputs_for(case)
-    kw = fastattn_kwargs(case, inputs)
-    out = benchmark(fastattn.attention, inputs["q"], inputs["k"], inputs["v"],
-                    num_threads=bench_threads, **kw)
-    check_attention(case, inputs, out)
-
-
-@pytest.mark.parametrize("case", ATTENTION_CASES, ids=[c["id"] for c in ATTENTION_CASES])
-def test_numpy(benchmark, case, bench_threads):
-    if H.numpy_scores_bytes(case) > NUMPY_MAX_SCORES_BYTES:
+# Both contestants of a case run one after the other (inputs are built once).
+@pytest.mark.parametrize("case, contestant",
+                         [(c, who) for c in ATTENTION_CASES for who in ("fastattn", "numpy")],
+                         ids=[f"{c['id']}-{who}" for c in ATTENTION_CASES for who in ("fastattn", "numpy")])
+def test_attention(benchmark, case, contestant, bench_threads):
+    if contestant == "numpy" and H.numpy_scores_bytes(case) > NUMPY_MAX_SCORES_BYTES:
         pytest.skip(f"naive NumPy needs a {H.numpy_scores_bytes(case) / 2**30:.1f} GiB score matrix")
     _group(benchmark, case)
     inputs = inputs_for(case)
-    blocked = H._blocked(H.allowed_mask(case, inputs, np))
-    out = benchmark(H.naive_attention, inputs["q"], inputs["k"], inputs["v"],
-                    1.0 / math.sqrt(case["D"]), blocked, np)
-    assert out.shape == (case["B"], case["Hq"], case["Lq"], case["Dv"])
+    if contestant == "numpy":
+        blocked = H._blocked(H.allowed_mask(case, inputs, np))
+        out = benchmark(H.naive_attention, inputs["q"], inputs["k"], inputs["v"],
+                        1.0 / math.sqrt(case["D"]), blocked, np)
+        assert out.shape == (case["B"], case["Hq"], case["Lq"], case["Dv"])
+        return
+    out = benchmark(fastattn.attention, inputs["q"], inputs["k"], inputs["v"],
+                    num_threads=bench_threads, **fastattn_kwargs(case, inputs))
+    check_attention(case, inputs, out)
 
 
-@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=[c["id"] for c in SOFTMAX_CASES])
-def test_fastattn_softmax(benchmark, case, bench_threads):
+@pytest.mark.parametrize("case, contestant",
+                         [(c, who) for c in SOFTMAX_CASES for who in ("fastattn", "scipy")],
+                         ids=[f"{c['id']}-{who}" for c in SOFTMAX_CASES for who in ("fastattn", "scipy")])
+def test_softmax(benchmark, case, contestant, bench_threads):
     benchmark.group = case["id"]
     x = inputs_for(case)["x"]
+    if contestant == "scipy":
+        special = pytest.importorskip("scipy.special")
+        benchmark(special.softmax, x, axis=-1)
+        return
     out = benchmark(fastattn.softmax, x, axis=-1, num_threads=bench_threads)
     assert out.dtype == x.dtype and out.shape == x.shape
     np.testing.assert_allclose(out[:64], reference.softmax(x[:64], axis=-1), **tolerance(case["dtype"]))
-
-
-@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=[c["id"] for c in SOFTMAX_CASES])
-def test_scipy_softmax(benchmark, case):
-    special = pytest.importorskip("scipy.special")
-    benchmark.group = case["id"]
-    benchmark(special.softmax, inputs_for(case)["x"], axis=-1)
