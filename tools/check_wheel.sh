@@ -194,6 +194,9 @@ if [[ "${SKIP_SDIST_INSTALL:-0}" != 1 ]]; then
     "$PY" -m venv "$WORK/venv-sdist"
     SPY="$WORK/venv-sdist/bin/python"
     "$SPY" -m pip install -q --upgrade pip
+    # Python < 3.12 venvs also get setuptools: remove it, pip's isolated build env
+    # must supply every build requirement from pyproject.toml by itself.
+    "$SPY" -m pip uninstall -q -y setuptools wheel 2>/dev/null || true
     "$SPY" -m pip list --format=freeze | sed 's/^/  preinstalled: /'
     "$SPY" -m pip install "$SDIST"
     cd "$RUN"
