@@ -28,6 +28,8 @@ cdef extern from "simd.h" nogil:
     const char *FA_ISA
     enum:
         FA_VBYTES
+        FA_T_MR
+        FA_T_NV
         FA_QK_MR
         FA_QK_NV
         FA_PV_MR
@@ -52,12 +54,32 @@ cdef extern from "simd.h" nogil:
                        int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
     void fa_pv_block_d(const double *p, int64_t ldp, const double *vp, int64_t ldv,
                        int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
+    void fa_tqk_chunk_f(const float *k, int64_t ksr, int64_t ksc, const float *qt, int64_t ldq,
+                        int64_t D, float *st, int64_t lds, int64_t j0, int64_t j1)
+    void fa_tqk_chunk_d(const double *k, int64_t ksr, int64_t ksc, const double *qt, int64_t ldq,
+                        int64_t D, double *st, int64_t lds, int64_t j0, int64_t j1)
+    void fa_tpv_chunk_f(const float *v, int64_t vsr, int64_t vsc, int64_t Dv, const float *pt,
+                        int64_t lds, int64_t j0, int64_t j1, float *ot, int64_t ldo)
+    void fa_tpv_chunk_d(const double *v, int64_t vsr, int64_t vsc, int64_t Dv, const double *pt,
+                        int64_t lds, int64_t j0, int64_t j1, double *ot, int64_t ldo)
+    void fa_tmask_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                          const float *lo, const float *hi)
+    void fa_tmask_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                          const double *lo, const double *hi)
+    void fa_tsoftmax_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, float *l,
+                             float *ot, int64_t ldo, int64_t Dv)
+    void fa_tsoftmax_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, double *m, double *l,
+                             double *ot, int64_t ldo, int64_t Dv)
+    int fa_block_nonfinite_f(const float *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
+    int fa_block_nonfinite_d(const double *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
 
 ISA = FA_ISA.decode()
 
 cdef enum:
     MAXDIM = 64          # batch dims supported (NumPy's own limit)
-    BLOCK_Q = 64         # query rows per work unit
+    BLOCK_Q = 64         # query rows per work unit (row-major path: decode, options)
+    BLOCK_QT = 128       # query rows per work unit (query-vectorised path)
+    T_MIN_ROWS = 16      # fewer query rows than this: the row-major path
     BLOCK_K = 64         # keys per tile (a multiple of every QK panel width)
     SPLIT_TARGET = 32    # split the key range when fewer units than this ...
     SPLIT_MIN_KEYS = 512 # ... into chunks of at least this many keys
@@ -191,6 +213,41 @@ cdef inline void pv_block(const floating *p, int64_t ldp, const floating *vp, in
         fa_pv_block_d(p, ldp, vp, ldv, k0, k1, o, ldo, nvec)
 
 
+cdef inline void tqk_chunk(const floating *k, int64_t ksr, int64_t ksc, const floating *qt, int64_t ldq,
+                           int64_t D, floating *st, int64_t lds, int64_t j0, int64_t j1) noexcept nogil:
+    if floating is float:
+        fa_tqk_chunk_f(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1)
+    else:
+        fa_tqk_chunk_d(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1)
+
+cdef inline void tpv_chunk(const floating *v, int64_t vsr, int64_t vsc, int64_t Dv, const floating *pt,
+                           int64_t lds, int64_t j0, int64_t j1, floating *ot, int64_t ldo) noexcept nogil:
+    if floating is float:
+        fa_tpv_chunk_f(v, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo)
+    else:
+        fa_tpv_chunk_d(v, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo)
+
+cdef inline void tmask_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                             const floating *lo, const floating *hi) noexcept nogil:
+    if floating is float:
+        fa_tmask_chunk_f(st, lds, j0, j1, t0, lo, hi)
+    else:
+        fa_tmask_chunk_d(st, lds, j0, j1, t0, lo, hi)
+
+cdef inline void tsoftmax_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, floating *m,
+                                floating *l, floating *ot, int64_t ldo, int64_t Dv) noexcept nogil:
+    if floating is float:
+        fa_tsoftmax_chunk_f(st, lds, j0, j1, m, l, ot, ldo, Dv)
+    else:
+        fa_tsoftmax_chunk_d(st, lds, j0, j1, m, l, ot, ldo, Dv)
+
+cdef inline int block_nonfinite(const floating *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc) noexcept nogil:
+    if floating is float:
+        return fa_block_nonfinite_f(x, rows, cols, sr, sc)
+    else:
+        return fa_block_nonfinite_d(x, rows, cols, sr, sc)
+
+
 cdef inline int64_t round_up(int64_t x, int64_t m) noexcept nogil:
     return (x + m - 1) // m * m
 
@@ -210,6 +267,14 @@ cdef struct Workspace:
     int64_t *pos    # BLOCK_Q'           diagonal position p(i) of each row
     int64_t *qoff   # BLOCK_Q'           element offset of each query row (without batch)
     int64_t *goff   # BLOCK_Q'           group index of each row (GQA)
+    # query-vectorised path (lanes = query rows, ld = BLOCK_QT rounded to a chunk)
+    void *qt        # Dk x ld            scaled queries, transposed
+    void *st        # BLOCK_K x ld       scores / probabilities, transposed
+    void *ot        # Dv x ld            output accumulator, transposed
+    void *mt        # ld                 running max per query lane
+    void *lt        # ld                 running sum per query lane
+    void *lof       # ld                 visible key range per lane, as floats
+    void *hif       # ld
 
 
 cdef inline int64_t rows_alloc(int64_t rows) noexcept nogil:
@@ -217,7 +282,24 @@ cdef inline int64_t rows_alloc(int64_t rows) noexcept nogil:
     return round_up(rows, FA_QK_MR * FA_PV_MR)
 
 
-cdef int workspace_alloc(Workspace *ws, const Plan *P, int64_t rows, size_t item) noexcept nogil:
+cdef inline int64_t t_ld(size_t item) noexcept nogil:
+    return round_up(BLOCK_QT, FA_T_NV * (FA_VBYTES // item))
+
+
+cdef int workspace_alloc(Workspace *ws, const Plan *P, int64_t rows, size_t item, int use_t) noexcept nogil:
+    cdef int64_t ld = t_ld(item)
+    ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = NULL
+    if use_t:
+        ws.qt = fa_alloc((P.Dk if P.Dk > 0 else 1) * ld * item)
+        ws.st = fa_alloc(BLOCK_K * ld * item)
+        ws.ot = fa_alloc((P.Dv if P.Dv > 0 else 1) * ld * item)
+        ws.mt = fa_alloc(ld * item)
+        ws.lt = fa_alloc(ld * item)
+        ws.lof = fa_alloc(ld * item)
+        ws.hif = fa_alloc(ld * item)
+        if (ws.qt == NULL or ws.st == NULL or ws.ot == NULL or ws.mt == NULL or ws.lt == NULL
+                or ws.lof == NULL or ws.hif == NULL):
+            return -1
     cdef int64_t R = rows_alloc(rows)
     cdef int64_t W = FA_VBYTES // item
     cdef int64_t nr = FA_QK_NV * W
@@ -254,6 +336,13 @@ cdef void workspace_free(Workspace *ws) noexcept nogil:
     fa_free(ws.pos)
     fa_free(ws.qoff)
     fa_free(ws.goff)
+    fa_free(ws.qt)
+    fa_free(ws.st)
+    fa_free(ws.ot)
+    fa_free(ws.mt)
+    fa_free(ws.lt)
+    fa_free(ws.lof)
+    fa_free(ws.hif)
 
 
 # ---------------------------------------------------------------- attention: one work unit
@@ -586,6 +675,121 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
             (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
 
 
+cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
+                     floating dtype_tag) noexcept nogil:
+    """Query-vectorised unit: rows r0..r0+nr-1 (nr <= BLOCK_QT) of batch b, all keys.
+
+    Lanes run over queries: Qt (Dk x lanes) is packed once, keys and values are
+    read in place as broadcast scalars, and each query's online softmax (max,
+    sum, rescale) is a vertical vector operation.  Used without per-element score
+    options (mask, bias, ALiBi, softcap) and without key splits or weights."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t CH = FA_T_NV * W
+    cdef int64_t ld = t_ld(sizeof(floating))
+    cdef int64_t nch = (nr + CH - 1) // CH
+    cdef int64_t lanes = nch * CH
+    cdef int64_t Dk = P.Dk, Dv = P.Dv, i, d, c, ch, j, j0, j1, jj0, jj1, t0, t1, n
+    cdef int64_t lo_all, hi_all, grp, pos
+    cdef floating *qt = <floating *>ws.qt
+    cdef floating *st = <floating *>ws.st
+    cdef floating *ot = <floating *>ws.ot
+    cdef floating *m = <floating *>ws.mt
+    cdef floating *l = <floating *>ws.lt
+    cdef floating *lof = <floating *>ws.lof
+    cdef floating *hif = <floating *>ws.hif
+    cdef const floating *qbase = (<const floating *>P.q.base) + batch_offset(P, &P.q, b)
+    cdef const floating *kbase = (<const floating *>P.k.base) + batch_offset(P, &P.k, b)
+    cdef const floating *vbase = (<const floating *>P.v.base) + batch_offset(P, &P.v, b)
+    cdef floating *obase = (<floating *>P.o.base) + batch_offset(P, &P.o, b)
+    cdef floating scale = <floating>P.scale
+    cdef floating inv, p, lse_i
+    cdef const floating *src
+    cdef floating *orow
+    cdef int vnf
+    # per chunk: min lo / max hi over lanes that see keys (the chunk's key range),
+    # max lo / min hi over all lanes (does any lane need masking?)
+    cdef int64_t ch_lo[64]
+    cdef int64_t ch_hi[64]
+    cdef int64_t ch_lomax[64]
+    cdef int64_t ch_himin[64]
+
+    setup_rows(P, ws, b, r0, nr, 0, P.Lk, &lo_all, &hi_all)
+    for i in range(nr):
+        src = qbase + ws.qoff[i]
+        for d in range(Dk):
+            qt[d * ld + i] = src[d * P.q.sc] * scale
+        lof[i] = <floating>ws.lo[i]
+        hif[i] = <floating>ws.hi[i]
+    for i in range(nr, lanes):
+        for d in range(Dk):
+            qt[d * ld + i] = 0
+        lof[i] = 0
+        hif[i] = 0
+    for i in range(lanes):
+        m[i] = -INFINITY
+        l[i] = 0
+    for c in range(Dv):
+        for i in range(lanes):
+            ot[c * ld + i] = 0
+    for ch in range(nch):
+        ch_lo[ch] = P.Lk
+        ch_hi[ch] = 0
+        ch_lomax[ch] = 0
+        ch_himin[ch] = P.Lk
+        for i in range(ch * CH, (ch + 1) * CH):
+            if i < nr and ws.hi[i] > ws.lo[i]:
+                ch_lo[ch] = min(ch_lo[ch], ws.lo[i])
+                ch_hi[ch] = max(ch_hi[ch], ws.hi[i])
+                ch_lomax[ch] = max(ch_lomax[ch], ws.lo[i])
+                ch_himin[ch] = min(ch_himin[ch], ws.hi[i])
+            else:
+                ch_himin[ch] = -1     # an empty or padding lane: always mask
+
+    t0 = lo_all
+    while t0 < hi_all:
+        t1 = min(t0 + BLOCK_K, hi_all)
+        n = t1 - t0
+        vnf = block_nonfinite(vbase + t0 * P.v.sr, n, Dv, P.v.sr, P.v.sc)
+        for ch in range(nch):
+            j0 = max(t0, ch_lo[ch]) - t0
+            j1 = min(t1, ch_hi[ch]) - t0
+            if j0 >= j1:
+                continue
+            tqk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + ch * CH, ld, Dk, st + ch * CH, ld, j0, j1)
+            if ch_lomax[ch] > t0 + j0 or ch_himin[ch] < t0 + j1:
+                tmask_chunk(st + ch * CH, ld, j0, j1, t0, lof + ch * CH, hif + ch * CH)
+            tsoftmax_chunk(st + ch * CH, ld, j0, j1, m + ch * CH, l + ch * CH, ot + ch * CH, ld, Dv)
+            if not vnf:
+                tpv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + ch * CH, ld, j0, j1, ot + ch * CH, ld)
+            else:
+                # values hold inf/NaN: only each lane's visible keys may touch it
+                for i in range(ch * CH, min((ch + 1) * CH, nr)):
+                    jj0 = max(ws.lo[i] - t0, j0)
+                    jj1 = min(ws.hi[i] - t0, j1)
+                    for j in range(jj0, jj1):
+                        p = st[j * ld + i]
+                        src = vbase + (t0 + j) * P.v.sr
+                        for c in range(Dv):
+                            ot[c * ld + i] += p * src[c * P.v.sc]
+        t0 = t1
+
+    for i in range(nr):
+        grp = ws.goff[i]
+        pos = r0 + i - grp * P.Lq
+        orow = obase + grp * P.o.sg + pos * P.o.sr
+        if l[i] > 0 or l[i] != l[i]:
+            inv = 1 / l[i]
+            for c in range(Dv):
+                orow[c * P.o.sc] = ot[c * ld + i] * inv
+            lse_i = <floating>(m[i] + log(l[i]))
+        else:
+            for c in range(Dv):
+                orow[c * P.o.sc] = 0
+            lse_i = -INFINITY
+        if P.want_lse:
+            (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
+
+
 cdef void merge_splits(const Plan *P, int64_t b, int64_t r0, int64_t nr, int64_t nsplit,
                        const floating *po, const floating *pm, const double *pl, int64_t stride_split) noexcept nogil:
     """Combine the key splits of rows r0.. of batch b, in split order (deterministic)."""
@@ -628,8 +832,11 @@ cdef void merge_splits(const Plan *P, int64_t b, int64_t r0, int64_t nr, int64_t
 # ---------------------------------------------------------------- attention: the parallel driver
 
 cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
-    cdef int64_t nblk = (P.nrows + BLOCK_Q - 1) // BLOCK_Q
-    cdef int64_t rows = P.nrows if P.nrows < BLOCK_Q else BLOCK_Q
+    cdef int use_t = (P.nrows >= T_MIN_ROWS and not P.want_weights and not P.has_mask
+                      and not P.has_bias and not P.has_alibi and not P.softcap > 0)
+    cdef int64_t bq = BLOCK_QT if use_t else BLOCK_Q
+    cdef int64_t nblk = (P.nrows + bq - 1) // bq
+    cdef int64_t rows = P.nrows if P.nrows < bq else bq
     cdef int64_t units = P.nbatch * nblk
     cdef int64_t nsplit = 1, chunk = P.Lk, u, b, blk, r0, nr, sp, kb, ke
     cdef int64_t work = P.nbatch * P.nrows * (P.Lk + 1) * (P.Dk + P.Dv + 1)
@@ -648,7 +855,7 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     # Decode-like problems (few units, many keys) split the key range; the split
     # count depends on the shape only, never on the thread count, so results are
     # bit-identical for any num_threads.
-    if units < SPLIT_TARGET and not P.want_weights and P.Lk >= 2 * SPLIT_MIN_KEYS:
+    if not use_t and units < SPLIT_TARGET and not P.want_weights and P.Lk >= 2 * SPLIT_MIN_KEYS:
         nsplit = (SPLIT_TARGET + units - 1) // units
         if nsplit > P.Lk // SPLIT_MIN_KEYS:
             nsplit = P.Lk // SPLIT_MIN_KEYS
@@ -674,7 +881,7 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
         # Every thread must reach the worksharing loops below (OpenMP requires it),
         # so a failed allocation only disables the thread's share of work.
         ws = <Workspace *>fa_alloc(sizeof(Workspace))
-        ws_ok = ws != NULL and workspace_alloc(ws, P, rows, sizeof(floating)) == 0
+        ws_ok = ws != NULL and workspace_alloc(ws, P, rows, sizeof(floating), use_t) == 0
         if not ws_ok:
             failed_p[0] = 1
         if nsplit > 1:
@@ -691,6 +898,13 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
                          po + (sp * stride_split + (u % units) * rows) * P.Dv,
                          pm + sp * stride_split + (u % units) * rows,
                          pl + sp * stride_split + (u % units) * rows)
+        elif use_t:
+            for u in prange(units, schedule='dynamic'):
+                b = u // nblk
+                r0 = (u % nblk) * bq
+                nr = min(bq, P.nrows - r0)
+                if ws_ok:
+                    run_unit_t(P, ws, b, r0, nr, dummy)
         elif P.want_weights:
             for u in prange(units, schedule='dynamic'):
                 b = u // nblk

@@ -58,6 +58,19 @@
 #  define FA_PV_NV 4
 #endif
 
+/* Query-vectorised kernels (many query rows): lanes run over queries, so the
+ * per-query softmax bookkeeping is vertical (no horizontal reductions), keys and
+ * values are read in place as broadcast scalars (no packing, any strides).
+ * A chunk is FA_T_NV vectors of queries; micro-blocks are FA_T_MR keys (QK) or
+ * value columns (PV) by one chunk: FA_T_MR * FA_T_NV accumulators. */
+#if FA_VBYTES == 64
+#  define FA_T_MR 6
+#  define FA_T_NV 4
+#else
+#  define FA_T_MR 6
+#  define FA_T_NV 2
+#endif
+
 #define FA_ALIGN 64
 
 #if defined(__clang__)

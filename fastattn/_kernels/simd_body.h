@@ -17,11 +17,11 @@ static inline void FA_SFX(fa_store)(FA_T *p, FA_V v)
     memcpy(p, &v, sizeof v);
 }
 
+/* Broadcast.  x - 0 (unlike x + 0) is an exact identity, -0 included, so GCC
+ * folds it away and emits a single broadcast. */
 static inline FA_V FA_SFX(fa_set1)(FA_T x)
 {
-    FA_V v;
-    for (int i = 0; i < FA_W; i++) v[i] = x;
-    return v;
+    return x - (FA_V){0};
 }
 
 /* Lane-wise mask ? a : b, with mask lanes all-ones or all-zeros. */
@@ -269,5 +269,179 @@ static inline void FA_SFX(fa_pv_block)(const FA_T *restrict p, int64_t ldp, cons
     }
 }
 
+/* ---------------- query-vectorised ("transposed") kernels ----------------
+ * St[j][i] = score of key j for query i; Qt[d][i] = scale * q[i][d];
+ * Ot[c][i] = output column c of query i.  A chunk = FA_T_NV * W query lanes. */
+
+#define FA_T_CHUNK (FA_T_NV * FA_W)
+
+/* St[r][chunk] = sum_d K[r][d] * Qt[d][chunk] for the first mr (constant) keys. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_tqk_micro)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *restrict qt, int64_t ldq,
+                     int64_t D, FA_T *restrict st, int64_t lds, const int mr)
+{
+    FA_V acc[FA_T_MR][FA_T_NV];
+    const FA_T *kr[FA_T_MR];
+    FA_UNROLL for (int r = 0; r < FA_T_MR; r++) {
+        kr[r] = k + (r < mr ? r : 0) * ksr;
+        FA_UNROLL for (int v = 0; v < FA_T_NV; v++) acc[r][v] = FA_SFX(fa_set1)(0);
+    }
+    for (int64_t d = 0; d < D; d++) {
+        FA_V b[FA_T_NV];
+        FA_UNROLL for (int v = 0; v < FA_T_NV; v++) b[v] = FA_SFX(fa_load)(qt + d * ldq + v * FA_W);
+        FA_UNROLL for (int r = 0; r < FA_T_MR; r++) {
+            if (r < mr) {
+                const FA_V a = FA_SFX(fa_set1)(kr[r][d * ksc]);
+                FA_UNROLL for (int v = 0; v < FA_T_NV; v++) acc[r][v] += a * b[v];
+            }
+        }
+    }
+    FA_UNROLL for (int r = 0; r < FA_T_MR; r++)
+        if (r < mr)
+            FA_UNROLL for (int v = 0; v < FA_T_NV; v++) FA_SFX(fa_store)(st + r * lds + v * FA_W, acc[r][v]);
+}
+
+/* Rows [j0, j1) of St for one chunk: keys k + j*ksr. */
+static inline void FA_SFX(fa_tqk_chunk)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *qt, int64_t ldq,
+                                        int64_t D, FA_T *st, int64_t lds, int64_t j0, int64_t j1)
+{
+    int64_t j = j0;
+    for (; j + FA_T_MR <= j1; j += FA_T_MR)
+        FA_SFX(fa_tqk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, FA_T_MR);
+    switch (j1 - j) {
+#define FA_TQK_TAIL(R) case R: FA_SFX(fa_tqk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, R); break;
+    FA_TQK_TAIL(1) FA_TQK_TAIL(2) FA_TQK_TAIL(3) FA_TQK_TAIL(4) FA_TQK_TAIL(5)
+#if FA_T_MR > 6
+    FA_TQK_TAIL(6) FA_TQK_TAIL(7)
+#endif
+#undef FA_TQK_TAIL
+    default: break;
+    }
+}
+
+/* Ot[c][chunk] += sum_{j in [j0,j1)} V[j][c] * Pt[j][chunk] for the first mr (constant) columns. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_tpv_micro)(const FA_T *vv, int64_t vsr, int64_t vsc, const FA_T *restrict pt, int64_t lds,
+                     int64_t j0, int64_t j1, FA_T *restrict ot, int64_t ldo, const int mr)
+{
+    FA_V acc[FA_T_MR][FA_T_NV];
+    FA_UNROLL for (int r = 0; r < FA_T_MR; r++)
+        if (r < mr)
+            FA_UNROLL for (int v = 0; v < FA_T_NV; v++) acc[r][v] = FA_SFX(fa_load)(ot + r * ldo + v * FA_W);
+    for (int64_t j = j0; j < j1; j++) {
+        FA_V b[FA_T_NV];
+        const FA_T *vrow = vv + j * vsr;
+        FA_UNROLL for (int v = 0; v < FA_T_NV; v++) b[v] = FA_SFX(fa_load)(pt + j * lds + v * FA_W);
+        FA_UNROLL for (int r = 0; r < FA_T_MR; r++) {
+            if (r < mr) {
+                const FA_V a = FA_SFX(fa_set1)(vrow[r * vsc]);
+                FA_UNROLL for (int v = 0; v < FA_T_NV; v++) acc[r][v] += a * b[v];
+            }
+        }
+    }
+    FA_UNROLL for (int r = 0; r < FA_T_MR; r++)
+        if (r < mr)
+            FA_UNROLL for (int v = 0; v < FA_T_NV; v++) FA_SFX(fa_store)(ot + r * ldo + v * FA_W, acc[r][v]);
+}
+
+/* All Dv output columns of one chunk: values v + j*vsr + c*vsc. */
+static inline void FA_SFX(fa_tpv_chunk)(const FA_T *vv, int64_t vsr, int64_t vsc, int64_t Dv, const FA_T *pt,
+                                        int64_t lds, int64_t j0, int64_t j1, FA_T *ot, int64_t ldo)
+{
+    int64_t c = 0;
+    for (; c + FA_T_MR <= Dv; c += FA_T_MR)
+        FA_SFX(fa_tpv_micro)(vv + c * vsc, vsr, vsc, pt, lds, j0, j1, ot + c * ldo, ldo, FA_T_MR);
+    switch (Dv - c) {
+#define FA_TPV_TAIL(R) case R: FA_SFX(fa_tpv_micro)(vv + c * vsc, vsr, vsc, pt, lds, j0, j1, ot + c * ldo, ldo, R); break;
+    FA_TPV_TAIL(1) FA_TPV_TAIL(2) FA_TPV_TAIL(3) FA_TPV_TAIL(4) FA_TPV_TAIL(5)
+#if FA_T_MR > 6
+    FA_TPV_TAIL(6) FA_TPV_TAIL(7)
+#endif
+#undef FA_TPV_TAIL
+    default: break;
+    }
+}
+
+/* St[j][lane] = -inf where key t0+j lies outside the lane's visible range
+ * [lo[lane], hi[lane]) (ranges stored in FA_T, exact for lengths < 2^24 / 2^53). */
+static inline void FA_SFX(fa_tmask_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                                          const FA_T *lo, const FA_T *hi)
+{
+    const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
+    FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
+        const FA_V lov = FA_SFX(fa_load)(lo + v * FA_W), hiv = FA_SFX(fa_load)(hi + v * FA_W);
+        for (int64_t j = j0; j < j1; j++) {
+            const FA_V jv = FA_SFX(fa_set1)((FA_T)(t0 + j));
+            FA_T *p = st + j * lds + v * FA_W;
+            FA_SFX(fa_store)(p, FA_SFX(fa_select)((jv >= lov) & (jv < hiv), FA_SFX(fa_load)(p), ninf));
+        }
+    }
+}
+
+/* Online softmax update of one chunk over rows [j0, j1) of St: new running max m,
+ * rescale of the running sum l and of the accumulator Ot (Dv rows) by
+ * exp(m_old - m_new), St -> P = exp(St - m_new).  NaN propagates per lane; a lane
+ * whose scores are all -inf so far keeps m = -inf, l = 0 and gets P = 0. */
+static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1,
+                                             FA_T *m, FA_T *l, FA_T *ot, int64_t ldo, int64_t Dv)
+{
+    const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
+    FA_V alpha[FA_T_NV];
+    FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
+        FA_V mt0 = ninf, mt1 = ninf;
+        int64_t j = j0;
+        for (; j + 2 <= j1; j += 2) {
+            mt0 = FA_SFX(fa_vmax_nan)(mt0, FA_SFX(fa_load)(st + j * lds + v * FA_W));
+            mt1 = FA_SFX(fa_vmax_nan)(mt1, FA_SFX(fa_load)(st + (j + 1) * lds + v * FA_W));
+        }
+        if (j < j1) mt0 = FA_SFX(fa_vmax_nan)(mt0, FA_SFX(fa_load)(st + j * lds + v * FA_W));
+        const FA_V mo = FA_SFX(fa_load)(m + v * FA_W);
+        const FA_V mn = FA_SFX(fa_vmax_nan)(FA_SFX(fa_vmax_nan)(mo, mt0), mt1);
+        const FA_V mn_safe = FA_SFX(fa_select)(mn == ninf, FA_SFX(fa_set1)(0), mn);
+        alpha[v] = FA_SFX(fa_vexp)(mo - mn_safe);
+        FA_V s0 = FA_SFX(fa_set1)(0), s1 = s0;
+        for (j = j0; j + 2 <= j1; j += 2) {
+            FA_T *p0 = st + j * lds + v * FA_W, *p1 = p0 + lds;
+            const FA_V e0 = FA_SFX(fa_vexp)(FA_SFX(fa_load)(p0) - mn_safe);
+            const FA_V e1 = FA_SFX(fa_vexp)(FA_SFX(fa_load)(p1) - mn_safe);
+            FA_SFX(fa_store)(p0, e0);
+            FA_SFX(fa_store)(p1, e1);
+            s0 += e0;
+            s1 += e1;
+        }
+        if (j < j1) {
+            FA_T *p0 = st + j * lds + v * FA_W;
+            const FA_V e0 = FA_SFX(fa_vexp)(FA_SFX(fa_load)(p0) - mn_safe);
+            FA_SFX(fa_store)(p0, e0);
+            s0 += e0;
+        }
+        FA_SFX(fa_store)(l + v * FA_W, FA_SFX(fa_load)(l + v * FA_W) * alpha[v] + (s0 + s1));
+        FA_SFX(fa_store)(m + v * FA_W, mn);
+    }
+    for (int64_t c = 0; c < Dv; c++)
+        FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
+            FA_T *p = ot + c * ldo + v * FA_W;
+            FA_SFX(fa_store)(p, FA_SFX(fa_load)(p) * alpha[v]);
+        }
+}
+
+/* 1 if any element of the rows x cols block (strided) is inf or NaN: x * 0 is 0
+ * for finite x and NaN otherwise, accumulated in vectors. */
+static inline int FA_SFX(fa_block_nonfinite)(const FA_T *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
+{
+    FA_V acc = FA_SFX(fa_set1)(0);
+    FA_T probe = 0;
+    for (int64_t j = 0; j < rows; j++) {
+        const FA_T *row = x + j * sr;
+        int64_t c = 0;
+        if (sc == 1)
+            for (; c + FA_W <= cols; c += FA_W) acc += FA_SFX(fa_load)(row + c) * 0;
+        for (; c < cols; c++) probe += row[c * sc] * 0;
+    }
+    for (int i = 0; i < FA_W; i++) probe += acc[i];
+    return probe != 0;
+}
+
+#undef FA_T_CHUNK
 #undef FA_W
 #undef FA_QK_NR
