@@ -39,50 +39,8 @@ def _load_harness():
 
 
 H = _load_harness()
-A, S = H.attention_case, H.softmax_case
-
-CASES = [
-    A("prefill", 1, 8, 1024, 1024, 64),
-    A("long", 1, 4, 4096, 4096, 128, slow_numpy=True),
-    A("causal", 1, 8, 1024, 1024, 64, causal=True),
-    A("causal-batch", 4, 8, 512, 512, 64, causal=True),
-    A("decode", 1, 32, 1, 4096, 128, decode=True),
-    A("decode-1head", 1, 1, 1, 131072, 128, decode=True, slow_numpy=True),
-    A("batch", 32, 8, 128, 128, 64),
-    A("f64", 1, 8, 1024, 1024, 64, dtype="float64"),
-    A("tiny", 1, 1, 3, 3, 64),
-    S("softmax", 4096, 4096),
-    A("memory", 1, 1, 16384, 16384, 64, memory=True, slow_numpy=True),
-    # Extra cases: features the standard table does not exercise.
-    A("gqa-decode", 1, 32, 1, 8192, 128, Hkv=8, decode=True, extra=True),
-    A("window", 1, 4, 8192, 8192, 64, window=(256, 0), extra=True, slow_numpy=True,
-      note="torch: same rule as a bool mask (it has no window)"),
-    A("mask", 1, 8, 1024, 1024, 64, mask="random", extra=True,
-      note="random bool (Lq, Lk) mask, half the keys visible"),
-    A("kv-lengths", 8, 8, 1, 4096, 128, kv_lengths=[512 * (i + 1) for i in range(8)],
-      decode=True, extra=True, note="padded decode batch; torch: same rule as a bool mask"),
-]
+CASES = H.STANDARD_CASES + H.EXTRA_CASES
 CASE_IDS = [c["id"] for c in CASES]
-
-
-def describe(case):
-    """Short shape description, e.g. 'B1 H8 L1024 D64 causal'."""
-    if case["kind"] == "softmax":
-        return f"{case['rows']}×{case['cols']} {case['dtype']}"
-    heads = f"Hq{case['Hq']} Hkv{case['Hkv']}" if case["Hq"] != case["Hkv"] else f"H{case['Hq']}"
-    lens = f"L{case['Lq']}" if case["Lq"] == case["Lk"] else f"Lq{case['Lq']} Lk{case['Lk']}"
-    parts = [f"B{case['B']}", heads, lens, f"D{case['D']}"]
-    if case["dtype"] != "float32":
-        parts.append(case["dtype"])
-    if case["causal"]:
-        parts.append("causal")
-    if case["window"]:
-        parts.append(f"window={tuple(case['window'])}")
-    if case["mask"]:
-        parts.append("bool mask")
-    if case["kv_lengths"]:
-        parts.append("kv_lengths")
-    return " ".join(parts)
 
 
 def machine_info():
@@ -141,7 +99,7 @@ def run(args):
     for lib, ok in available.items():
         if not ok:
             log(f"{lib} is not importable" + (f" ({fa_error})" if lib == "fastattn" else "")
-                + f": its column stays empty")
+                + ": its column stays empty")
     results = {"machine": machine_info(), "threads": args.threads, "repeats": args.repeats,
                "min_time": args.min_time, "available": available, "ceilings": [], "cases": [],
                "loadavg_start": _loadavg()}
@@ -173,7 +131,7 @@ def run(args):
                            if r.get("extra_bytes") is not None else "")
                     log(f"  {H.fmt_time(r['seconds'])}{err}{mem}")
                 runs[lib].append(r)
-        results["cases"].append({"case": case, "describe": describe(case), "numpy_skipped": skip,
+        results["cases"].append({"case": case, "describe": H.describe(case), "numpy_skipped": skip,
                                  "runs": runs})
     results["loadavg_end"] = _loadavg()
     return results

@@ -32,23 +32,6 @@ A, S = H.attention_case, H.softmax_case
 # The numpy contestant is skipped when its score matrix exceeds this.
 NUMPY_MAX_SCORES_BYTES = 512 * 2**20
 
-STANDARD = [
-    A("prefill", 1, 8, 1024, 1024, 64),
-    A("long", 1, 4, 4096, 4096, 128),
-    A("causal", 1, 8, 1024, 1024, 64, causal=True),
-    A("causal-batch", 4, 8, 512, 512, 64, causal=True),
-    A("decode", 1, 32, 1, 4096, 128),
-    A("decode-1head", 1, 1, 1, 131072, 128),
-    A("batch", 32, 8, 128, 128, 64),
-    A("f64", 1, 8, 1024, 1024, 64, dtype="float64"),
-    A("tiny", 1, 1, 3, 3, 64),
-    A("memory", 1, 1, 16384, 16384, 64),
-    A("gqa-decode", 1, 32, 1, 8192, 128, Hkv=8),
-    A("window", 1, 4, 8192, 8192, 64, window=(256, 0)),
-    A("mask", 1, 8, 1024, 1024, 64, mask="random"),
-    A("kv-lengths", 8, 8, 1, 4096, 128, kv_lengths=[512 * (i + 1) for i in range(8)]),
-]
-
 # The same speed must hold off the standard shapes: head sizes and odd lengths.
 SWEEP = [
     A(f"D{d}-{dt[5:]}{'-causal' if c else ''}", 1, 4, 512, 512, d, dtype=dt, causal=c)
@@ -58,8 +41,9 @@ SWEEP = [
     for n in (1, 777, 1000) for dt in ("float32", "float64") for c in (False, True)
 ]
 
-ATTENTION_CASES = STANDARD + SWEEP
-SOFTMAX_CASES = [S("softmax", 4096, 4096), S("softmax-f64-odd", 1000, 777, dtype="float64")]
+ATTENTION_CASES = [c for c in H.STANDARD_CASES + H.EXTRA_CASES if c["kind"] == "attention"] + SWEEP
+SOFTMAX_CASES = [c for c in H.STANDARD_CASES if c["kind"] == "softmax"] + [
+    S("softmax-f64-odd", 1000, 777, dtype="float64")]
 
 _inputs_cache = {}
 

@@ -104,7 +104,7 @@ def walkthrough(out=sys.stdout):
     check.close("fastattn.attention(scale=1) weights match the same row", w_attn, w_raw)
     check.true("trophy takes more than 99.9% of the weight", w_raw[0] > 0.999, f"got {w_raw[0]:.6f}")
 
-    p(f"\n4. Softmax WITH the 1/√d_k scaling (fastattn's default scale).")
+    p("\n4. Softmax WITH the 1/√d_k scaling (fastattn's default scale).")
     w_scaled = np.asarray(fastattn.softmax(scaled))
     p(f"   softmax([2, 1, 0]) = {_vec(w_scaled)}")
     p("   Trophy still leads, but suitcase and it now contribute.")

@@ -60,6 +60,56 @@ def softmax_case(id, rows, cols, dtype="float32", **extra):
     return case
 
 
+_A, _S = attention_case, softmax_case
+
+# The standard cases of the project's benchmarking guide (float32 unless noted,
+# torch layout B, H, L, D).  ``decode`` marks cases bound by reading K and V;
+# ``slow_numpy`` the ones where the naive NumPy baseline takes seconds.
+STANDARD_CASES = [
+    _A("prefill", 1, 8, 1024, 1024, 64),
+    _A("long", 1, 4, 4096, 4096, 128, slow_numpy=True),
+    _A("causal", 1, 8, 1024, 1024, 64, causal=True),
+    _A("causal-batch", 4, 8, 512, 512, 64, causal=True),
+    _A("decode", 1, 32, 1, 4096, 128, decode=True),
+    _A("decode-1head", 1, 1, 1, 131072, 128, decode=True, slow_numpy=True),
+    _A("batch", 32, 8, 128, 128, 64),
+    _A("f64", 1, 8, 1024, 1024, 64, dtype="float64"),
+    _A("tiny", 1, 1, 3, 3, 64),
+    _S("softmax", 4096, 4096),
+    _A("memory", 1, 1, 16384, 16384, 64, memory=True, slow_numpy=True),
+]
+# Features the standard table does not exercise.
+EXTRA_CASES = [
+    _A("gqa-decode", 1, 32, 1, 8192, 128, Hkv=8, decode=True, extra=True),
+    _A("window", 1, 4, 8192, 8192, 64, window=(256, 0), extra=True, slow_numpy=True,
+       note="torch: same rule as a bool mask (it has no window)"),
+    _A("mask", 1, 8, 1024, 1024, 64, mask="random", extra=True,
+       note="random bool (Lq, Lk) mask, half the keys visible"),
+    _A("kv-lengths", 8, 8, 1, 4096, 128, kv_lengths=[512 * (i + 1) for i in range(8)],
+       decode=True, extra=True, note="padded decode batch; torch: same rule as a bool mask"),
+]
+
+
+def describe(case):
+    """Short shape description, e.g. 'B1 H8 L1024 D64 causal'."""
+    if case["kind"] == "softmax":
+        return f"{case['rows']}×{case['cols']} {case['dtype']}"
+    heads = f"Hq{case['Hq']} Hkv{case['Hkv']}" if case["Hq"] != case["Hkv"] else f"H{case['Hq']}"
+    lens = f"L{case['Lq']}" if case["Lq"] == case["Lk"] else f"Lq{case['Lq']} Lk{case['Lk']}"
+    parts = [f"B{case['B']}", heads, lens, f"D{case['D']}"]
+    if case["dtype"] != "float32":
+        parts.append(case["dtype"])
+    if case["causal"]:
+        parts.append("causal")
+    if case["window"]:
+        parts.append(f"window={tuple(case['window'])}")
+    if case["mask"]:
+        parts.append("bool mask")
+    if case["kv_lengths"]:
+        parts.append("kv_lengths")
+    return " ".join(parts)
+
+
 # ---------------------------------------------------------------------------
 # Arithmetic about a case (used by the parent to turn times into rates)
 # ---------------------------------------------------------------------------
@@ -468,14 +518,8 @@ def fmt_time(seconds):
 # `python -m fastattn bench`: a quick look at a few shapes
 # ---------------------------------------------------------------------------
 
-QUICK_CASES = [
-    attention_case("prefill B1 H8 L1024 D64", 1, 8, 1024, 1024, 64),
-    attention_case("causal B1 H8 L1024 D64", 1, 8, 1024, 1024, 64, causal=True),
-    attention_case("decode B1 H32 Lq1 Lk4096 D128", 1, 32, 1, 4096, 128),
-    attention_case("batch B32 H8 L128 D64", 32, 8, 128, 128, 64),
-    attention_case("tiny B1 H1 L3 D64", 1, 1, 3, 3, 64),
-    softmax_case("softmax 4096x4096", 4096, 4096),
-]
+QUICK_CASES = [c for c in STANDARD_CASES
+               if c["id"] in ("prefill", "causal", "decode", "batch", "tiny", "softmax")]
 
 
 def quick_bench(threads=None, min_time=0.3, stream=sys.stdout, progress=sys.stderr):
@@ -497,7 +541,7 @@ def quick_bench(threads=None, min_time=0.3, stream=sys.stdout, progress=sys.stde
             libs.append("torch")
         res = {}
         for lib in libs:
-            print(f"  {case['id']}: {lib} ...", end="", file=progress, flush=True)
+            print(f"  {case['id']} ({describe(case)}): {lib} ...", end="", file=progress, flush=True)
             res[lib] = run_child(lib, case, threads, min_time=min_time, pythonpath=path)
             print(" " + (fmt_time(res[lib].get("seconds")) if "error" not in res[lib]
                          else "failed: " + res[lib]["error"]), file=progress, flush=True)
@@ -505,15 +549,15 @@ def quick_bench(threads=None, min_time=0.3, stream=sys.stdout, progress=sys.stde
     base_name = "NumPy / SciPy"
     print(f"\nfastattn {getattr(fastattn, '__version__', '?')}, {threads} thread(s)"
           + ("" if have_torch else "; torch not installed, skipped") + "\n", file=stream)
-    print(f"| case | fastattn | {base_name} | speed-up vs NumPy | torch | torch / fastattn | max err |",
+    print(f"| case | shape | fastattn | {base_name} | speed-up vs NumPy | torch | torch / fastattn | max err |",
           file=stream)
-    print("|---|---:|---:|---:|---:|---:|---:|", file=stream)
+    print("|---|---|---:|---:|---:|---:|---:|---:|", file=stream)
     for case, res in rows:
         fa = res["fastattn"].get("seconds")
         base = (res.get("numpy") or res.get("scipy") or {}).get("seconds")
         tt = res.get("torch", {}).get("seconds")
         err = res["fastattn"].get("max_err")
-        print(f"| {case['id']} | {fmt_time(fa)} | {fmt_time(base)} | {_ratio(base, fa)} | "
+        print(f"| {case['id']} | {describe(case)} | {fmt_time(fa)} | {fmt_time(base)} | {_ratio(base, fa)} | "
               f"{fmt_time(tt) if have_torch else 'n/a'} | {_ratio(tt, fa)} | "
               f"{'—' if err is None else f'{err:.1e}'} |", file=stream)
     return rows
