@@ -120,16 +120,14 @@ def visible_pairs(case):
     Causal, window and kv_lengths limits are counted (a block-sparse kernel can
     skip the rest); a random boolean mask is not (no kernel can skip it).
     """
-    Lq, Lk = case["Lq"], case["Lk"]
     total = 0
     for b in range(case["B"]):
-        n = case["kv_lengths"][b] if case["kv_lengths"] else Lk
-        lo_hi = [_visible_range(case, i, n) for i in range(Lq)] if (
-            case["causal"] or case["window"]) else None
-        if lo_hi is None:
-            total += Lq * n
+        n = case["kv_lengths"][b] if case["kv_lengths"] else case["Lk"]
+        if case["causal"] or case["window"]:
+            total += sum(max(0, hi - lo) for lo, hi in
+                         (_visible_range(case, i, n) for i in range(case["Lq"])))
         else:
-            total += sum(max(0, hi - lo) for lo, hi in lo_hi)
+            total += case["Lq"] * n
     return total
 
 
@@ -247,6 +245,8 @@ def check_against_float64(case, inputs, out, np):
 
     Two (batch, head) pairs, up to 96 query rows each (first, last and some
     in between), all keys: enough to see a wrong mask, scale or head mapping.
+    Computed here rather than by ``fastattn.reference`` because it also checks
+    torch, in processes that must not import fastattn.
     """
     if case["kind"] == "softmax":
         x = inputs["x"][:64].astype(np.float64)
@@ -499,8 +499,7 @@ def import_error(statement, pythonpath=()):
 def library_available(lib):
     """True when ``lib`` can be found without importing it here."""
     import importlib.util
-    name = {"numpy": "numpy", "scipy": "scipy", "torch": "torch", "fastattn": "fastattn"}[lib]
-    return importlib.util.find_spec(name) is not None
+    return importlib.util.find_spec(lib) is not None
 
 
 def fmt_time(seconds):
