@@ -410,13 +410,18 @@ def measure_ceilings(threads, min_time, np):
     t_mm = time_calls(lambda: a @ b, min_time)
     big = np.ones(256 * 2**20 // 4, dtype=np.float32)
     chunks = np.array_split(big, threads)
-    # numpy's sum is single-threaded; summing one chunk per thread (reductions
-    # release the GIL) reads with the same width the kernels get.
+    # numpy's reductions are single-threaded; one chunk per thread (they
+    # release the GIL) reads with the same width the kernels get.  np.sum's
+    # pairwise summation can be compute-bound where np.max (SIMD) is not: the
+    # ceiling is the faster of the two.
+    reads = {}
     with ThreadPoolExecutor(threads) as pool:
-        t_rd = time_calls(lambda: sum(pool.map(np.sum, chunks)), min_time)
+        for name, reduce in (("sum", np.sum), ("max", np.max)):
+            reads[name] = time_calls(lambda: list(pool.map(reduce, chunks)), min_time)
     return {"matmul_gflops": 2 * n**3 / 1e9 / _median(t_mm),
-            "read_gbs": big.nbytes / 1e9 / _median(t_rd),
-            "matmul_samples": t_mm, "read_samples": t_rd}
+            "read_gbs": big.nbytes / 1e9 / min(_median(t) for t in reads.values()),
+            "read_sum_gbs": big.nbytes / 1e9 / _median(reads["sum"]),
+            "matmul_samples": t_mm, "read_samples": reads}
 
 
 def _median(xs):
