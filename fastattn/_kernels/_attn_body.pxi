@@ -70,6 +70,14 @@ cdef extern from "simd.h" nogil:
                              float *ot, int64_t ldo, int64_t Dv)
     void fa_tsoftmax_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, double *m, double *l,
                              double *ot, int64_t ldo, int64_t Dv)
+    void fa_qk_rows_f(const float *qp, int64_t ldq, int64_t nr, int64_t D, const float *k, int64_t ksr,
+                      int64_t n, float *s, int64_t lds)
+    void fa_qk_rows_d(const double *qp, int64_t ldq, int64_t nr, int64_t D, const double *k, int64_t ksr,
+                      int64_t n, double *s, int64_t lds)
+    void fa_pv_rows_f(const float *p, int64_t ldp, int64_t nr, const float *v, int64_t ldv,
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+    void fa_pv_rows_d(const double *p, int64_t ldp, int64_t nr, const double *v, int64_t ldv,
+                      int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
     int fa_block_nonfinite_f(const float *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
     int fa_block_nonfinite_d(const double *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
 
@@ -240,6 +248,20 @@ cdef inline void tsoftmax_chunk(floating *st, int64_t lds, int64_t j0, int64_t j
         fa_tsoftmax_chunk_f(st, lds, j0, j1, m, l, ot, ldo, Dv)
     else:
         fa_tsoftmax_chunk_d(st, lds, j0, j1, m, l, ot, ldo, Dv)
+
+cdef inline void qk_rows(const floating *qp, int64_t ldq, int64_t nr, int64_t D, const floating *k,
+                         int64_t ksr, int64_t n, floating *s, int64_t lds) noexcept nogil:
+    if floating is float:
+        fa_qk_rows_f(qp, ldq, nr, D, k, ksr, n, s, lds)
+    else:
+        fa_qk_rows_d(qp, ldq, nr, D, k, ksr, n, s, lds)
+
+cdef inline void pv_rows(const floating *p, int64_t ldp, int64_t nr, const floating *v, int64_t ldv,
+                         int64_t k0, int64_t k1, floating *o, int64_t ldo, int64_t nvec) noexcept nogil:
+    if floating is float:
+        fa_pv_rows_f(p, ldp, nr, v, ldv, k0, k1, o, ldo, nvec)
+    else:
+        fa_pv_rows_d(p, ldp, nr, v, ldv, k0, k1, o, ldo, nvec)
 
 cdef inline int block_nonfinite(const floating *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc) noexcept nogil:
     if floating is float:
@@ -434,8 +456,8 @@ cdef int pack_v_tile(const Plan *P, floating *vp, int64_t dvp, const floating *v
     return probe != 0
 
 
-cdef void pv_rows_exact(const Plan *P, const Workspace *ws, const floating *s, const floating *vp,
-                        int64_t dvp, floating *o, int64_t r0, int64_t nr, int64_t t0, int64_t n,
+cdef void pv_rows_exact(const Plan *P, const Workspace *ws, const floating *s, const floating *vsrc,
+                        int64_t ldv, floating *o, int64_t dvp, int64_t r0, int64_t nr, int64_t t0, int64_t n,
                         int64_t mbo) noexcept nogil:
     """O += P . V one row at a time over exactly the keys each row sees.
 
@@ -461,7 +483,7 @@ cdef void pv_rows_exact(const Plan *P, const Workspace *ws, const floating *s, c
                 continue
             p = s[i * BLOCK_K + j]
             for c in range(P.Dv):
-                o[i * dvp + c] += p * vp[j * dvp + c]
+                o[i * dvp + c] += p * vsrc[j * ldv + c]
 
 
 cdef void apply_score_options(const Plan *P, floating *srow, int64_t i, int64_t t0, int64_t a, int64_t e,
@@ -525,6 +547,13 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     cdef floating *srow
     cdef int need_pv = mode != MODE_STATS
     cdef int v_nonfinite
+    # few rows: dot products straight from the key rows and values read in place
+    # (no packing), when the rows are contiguous and the values fill whole vectors
+    cdef int few = nr < FA_QK_MR
+    cdef int k_in_place = few and P.k.sc == 1
+    cdef int v_in_place = few and P.v.sc == 1 and Dv % W == 0 and Dv > 0
+    cdef const floating *vsrc
+    cdef int64_t ldv
     cdef int needs_options = P.softcap > 0 or P.has_bias or P.has_alibi or P.has_mask
     cdef int64_t Rq = round_up(nr, FA_QK_MR), Rp = round_up(nr, FA_PV_MR)
 
@@ -548,12 +577,24 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
         if t1 > hi_all:
             t1 = hi_all
         n = t1 - t0
-        pack_k_tile(P, kt, (<floating *>P.k.base) + kbo, t0, n)
-        v_nonfinite = need_pv and pack_v_tile(P, vp, dvp, (<floating *>P.v.base) + vbo, t0, n)
+        if not k_in_place:
+            pack_k_tile(P, kt, (<floating *>P.k.base) + kbo, t0, n)
+        if not need_pv:
+            v_nonfinite = 0
+        elif v_in_place:
+            vsrc = (<floating *>P.v.base) + vbo + t0 * P.v.sr
+            ldv = P.v.sr
+            v_nonfinite = block_nonfinite(vsrc, n, Dv, ldv, 1)
+        else:
+            v_nonfinite = pack_v_tile(P, vp, dvp, (<floating *>P.v.base) + vbo, t0, n)
+            vsrc = vp
+            ldv = dvp
 
         # S = Qp . Ktᵀ, each register block of rows only over the panels its rows
         # can see (this is what clips the causal diagonal tile)
-        i0 = 0
+        i0 = nr if k_in_place else 0
+        if k_in_place:
+            qk_rows(qp, Dk, nr, Dk, (<floating *>P.k.base) + kbo + t0 * P.k.sr, P.k.sr, n, s, BLOCK_K)
         while i0 < nr:
             a = n
             e = 0
@@ -623,7 +664,16 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
 
         # O += P . V, each register block of rows over the keys its rows see
         if v_nonfinite:
-            pv_rows_exact(P, ws, s, vp, dvp, o, r0, nr, t0, n, mbo)
+            pv_rows_exact(P, ws, s, vsrc, ldv, o, dvp, r0, nr, t0, n, mbo)
+        elif need_pv and few:
+            a = n
+            e = 0
+            for i in range(nr):
+                if ws.hi[i] > ws.lo[i]:
+                    a = min(a, max(ws.lo[i] - t0, 0))
+                    e = max(e, min(ws.hi[i] - t0, n))
+            if a < e:
+                pv_rows(s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
         elif need_pv:
             i0 = 0
             while i0 < nr:
@@ -640,7 +690,7 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
                 if e > n:
                     e = n
                 if a < e:
-                    pv_block(s + i0 * BLOCK_K, BLOCK_K, vp, dvp, a, e, o + i0 * dvp, dvp, dvp // W)
+                    pv_block(s + i0 * BLOCK_K, BLOCK_K, vsrc, ldv, a, e, o + i0 * dvp, dvp, dvp // W)
                 i0 += FA_PV_MR
         t0 = t1
 

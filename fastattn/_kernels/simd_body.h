@@ -269,6 +269,68 @@ static inline void FA_SFX(fa_pv_block)(const FA_T *restrict p, int64_t ldp, cons
     }
 }
 
+/* ---------------- few query rows (decode) ----------------
+ * Lanes run over the head dimension: keys and values are read in place, one
+ * contiguous row at a time, so nothing is packed and no lane is wasted on
+ * padding rows; these loops are bound by memory bandwidth, not FLOPs. */
+
+static inline FA_T FA_SFX(fa_dot)(const FA_T *a, const FA_T *b, int64_t n)
+{
+    FA_V acc0 = FA_SFX(fa_set1)(0), acc1 = acc0;
+    int64_t d = 0;
+    for (; d + 2 * FA_W <= n; d += 2 * FA_W) {
+        acc0 += FA_SFX(fa_load)(a + d) * FA_SFX(fa_load)(b + d);
+        acc1 += FA_SFX(fa_load)(a + d + FA_W) * FA_SFX(fa_load)(b + d + FA_W);
+    }
+    for (; d + FA_W <= n; d += FA_W) acc0 += FA_SFX(fa_load)(a + d) * FA_SFX(fa_load)(b + d);
+    acc0 += acc1;
+    FA_T s = 0;
+    for (; d < n; d++) s += a[d] * b[d];
+    for (int i = 0; i < FA_W; i++) s += acc0[i];
+    return s;
+}
+
+/* S[i][j] = qp[i] . k[j] for i < nr, j < n; key rows contiguous, ksr apart. */
+static inline void FA_SFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, int64_t D,
+                                      const FA_T *k, int64_t ksr, int64_t n, FA_T *s, int64_t lds)
+{
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < nr; i++) s[i * lds + j] = FA_SFX(fa_dot)(qp + i * ldq, k + j * ksr, D);
+}
+
+/* O[i][0:nvec*W] += sum_{k in [k0,k1)} P[i][k] * V[k][0:nvec*W] for i < nr, one row
+ * at a time (V rows ldv apart, read in place). */
+static inline void FA_SFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, const FA_T *vv, int64_t ldv,
+                                      int64_t k0, int64_t k1, FA_T *o, int64_t ldo, int64_t nvec)
+{
+    for (int64_t i = 0; i < nr; i++) {
+        const FA_T *pi = p + i * ldp;
+        FA_T *oi = o + i * ldo;
+        int64_t c = 0;
+        for (; c + 4 <= nvec; c += 4) {
+            FA_V a0 = FA_SFX(fa_load)(oi + c * FA_W), a1 = FA_SFX(fa_load)(oi + (c + 1) * FA_W);
+            FA_V a2 = FA_SFX(fa_load)(oi + (c + 2) * FA_W), a3 = FA_SFX(fa_load)(oi + (c + 3) * FA_W);
+            for (int64_t k = k0; k < k1; k++) {
+                const FA_V w = FA_SFX(fa_set1)(pi[k]);
+                const FA_T *vr = vv + k * ldv + c * FA_W;
+                a0 += w * FA_SFX(fa_load)(vr);
+                a1 += w * FA_SFX(fa_load)(vr + FA_W);
+                a2 += w * FA_SFX(fa_load)(vr + 2 * FA_W);
+                a3 += w * FA_SFX(fa_load)(vr + 3 * FA_W);
+            }
+            FA_SFX(fa_store)(oi + c * FA_W, a0);
+            FA_SFX(fa_store)(oi + (c + 1) * FA_W, a1);
+            FA_SFX(fa_store)(oi + (c + 2) * FA_W, a2);
+            FA_SFX(fa_store)(oi + (c + 3) * FA_W, a3);
+        }
+        for (; c < nvec; c++) {
+            FA_V a0 = FA_SFX(fa_load)(oi + c * FA_W);
+            for (int64_t k = k0; k < k1; k++) a0 += FA_SFX(fa_set1)(pi[k]) * FA_SFX(fa_load)(vv + k * ldv + c * FA_W);
+            FA_SFX(fa_store)(oi + c * FA_W, a0);
+        }
+    }
+}
+
 /* ---------------- query-vectorised ("transposed") kernels ----------------
  * St[j][i] = score of key j for query i; Qt[d][i] = scale * q[i][d];
  * Ot[c][i] = output column c of query i.  A chunk = FA_T_NV * W query lanes. */
