@@ -70,12 +70,16 @@ def _check_out(out, shape, dtype, inputs, name="out"):
         raise TypeError(f"{name} has dtype {out.dtype}, expected {dtype}")
     if not out.flags.writeable:
         raise ValueError(f"{name} is read-only")
+    if any(st == 0 and n > 1 for st, n in zip(out.strides, out.shape)):
+        raise ValueError(f"{name} has overlapping elements (a zero stride); it must be a plain writeable array")
     for arr_name, arr in inputs:
         if arr is not None and np.may_share_memory(out, arr):
             raise ValueError(f"{name} overlaps the input {arr_name}")
 
 
 def _check_real(value, name):
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -103,7 +107,7 @@ def _parse_window(window):
         return -1, -1
     if isinstance(window, (tuple, list)):
         if len(window) != 2:
-            raise ValueError(f"window must be an int or a (left, right) pair, got {window!r}")
+            raise TypeError(f"window must be an int or a (left, right) pair, got {window!r}")
         return _window_side(window[0], "left"), _window_side(window[1], "right")
     w = _window_side(window, "both")
     return w, w
@@ -117,6 +121,8 @@ def _parse_causal(causal):
         return 1 if causal else 0
     if isinstance(causal, str) and causal in _CAUSAL:
         return _CAUSAL[causal]
+    if not isinstance(causal, str):
+        raise TypeError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
     raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
 
 
@@ -205,6 +211,9 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     cdt, odt = _dtypes(q, k, v)
     Lq, Dk = q.shape[-2:]
     Lk, Dv = v.shape[-2:]
+    if (Dk + Dv) * cdt.itemsize > 2**48:  # the kernels' per-thread workspace is ~200 rows of Dk + Dv
+        raise MemoryError(f"head dimensions Dk={Dk}, Dv={Dv} are too large: the attention workspace "
+                          f"cannot be allocated")
 
     # batch dims, with grouped heads folded into the query rows
     qb, kb, vb = q.shape[:-2], k.shape[:-2], v.shape[:-2]

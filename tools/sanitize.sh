@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Build fastattn with AddressSanitizer + UndefinedBehaviorSanitizer in a scratch copy
+# of the source tree (the checkout's own .so files are never touched), then run
+# tools/smoke.py under every kernel variant this CPU supports and a smoke subset of
+# the test suite.  Fails when a test fails or any sanitizer report mentions fastattn.
+#
+#   tools/sanitize.sh [extra pytest args]
+#
+# Environment:
+#   SANITIZE_TESTS   test files to run (default: a smoke subset, see below)
+#   SANITIZE_KEEP=1  keep the scratch directory (printed at the end)
+#   PYTHON           interpreter (default: python3)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+CC_=${CC:-gcc}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/fastattn-sanitize.XXXXXX")
+LOGDIR="$WORK/logs"
+mkdir -p "$WORK/src" "$LOGDIR"
+cleanup() { if [ "${SANITIZE_KEEP:-0}" = 1 ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi; }
+trap cleanup EXIT
+
+echo "== copying the source tree (tracked + untracked, not ignored) to $WORK/src"
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
+    | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done \
+    | tar --null -T - -cf -) | tar -xf - -C "$WORK/src"
+
+echo "== building with FASTATTN_SANITIZE=1"
+(cd "$WORK/src" && FASTATTN_SANITIZE=1 "$PY" setup.py -q build_ext --inplace -j 2 \
+    >"$LOGDIR/build.log" 2>&1) || { tail -50 "$LOGDIR/build.log"; echo "sanitize: BUILD FAILED"; exit 1; }
+
+ASAN_LIB=$("$CC_" -print-file-name=libasan.so)
+UBSAN_LIB=$("$CC_" -print-file-name=libubsan.so)
+[ -e "$ASAN_LIB" ] || { echo "sanitize: libasan not found ($ASAN_LIB)"; exit 1; }
+PRELOAD="$ASAN_LIB"
+[ -e "$UBSAN_LIB" ] && PRELOAD="$PRELOAD:$UBSAN_LIB"
+
+# detect_leaks=0: CPython leaks by design.  allocator_may_return_null=1: the tests
+# check that impossible allocations raise MemoryError instead of aborting.
+# Reports go to per-process files in $LOGDIR (log_path) as well as to stderr.
+export ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=0:halt_on_error=1:log_path=$LOGDIR/asan:print_summary=1"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$LOGDIR/ubsan"
+export PYTHONPATH="$WORK/src"
+export PYTHONDONTWRITEBYTECODE=1
+export PYTHONFAULTHANDLER=1
+
+run() {  # run CMD... with the sanitizer runtime preloaded; output kept in a log
+    local name=$1; shift
+    echo "== $name"
+    set +e
+    (cd "$WORK/src" && LD_PRELOAD="$PRELOAD" "$@") >"$LOGDIR/$name.out" 2>&1
+    local rc=$?
+    set -e
+    tail -3 "$LOGDIR/$name.out"
+    if [ $rc -ne 0 ]; then
+        echo "   -> exit status $rc"
+        FAILED="$FAILED $name"
+    fi
+}
+FAILED=""
+
+# the scratch build, not the checkout, must be the one imported
+(cd "$WORK/src" && LD_PRELOAD="$PRELOAD" "$PY" -c "import fastattn, sys; f = fastattn.__file__; print('fastattn from', f); sys.exit(not f.startswith('$WORK/src'))") \
+    || { echo "sanitize: the sanitized build is not the one imported"; exit 1; }
+
+VARIANTS=$(cd "$WORK/src" && LD_PRELOAD="$PRELOAD" "$PY" -c "from fastattn import _dispatch; print(' '.join(_dispatch.available_variants()))")
+for isa in $VARIANTS; do
+    run "smoke-$isa" env FASTATTN_ISA="$isa" "$PY" tools/smoke.py
+done
+
+TESTS=${SANITIZE_TESTS:-"tests/test_attention.py tests/test_errors.py tests/test_softmax.py tests/test_semantics.py tests/test_hardening.py"}
+# shellcheck disable=SC2086
+run pytest "$PY" -m pytest -q -x -p no:cacheprovider $TESTS -k "not speedup and not rss" "$@"
+if [ -e "$WORK/src/tests/test_hypothesis.py" ]; then
+    run hypothesis env FASTATTN_HYPOTHESIS_PROFILE=${FASTATTN_HYPOTHESIS_PROFILE:-ci} \
+        "$PY" -m pytest -q -x -p no:cacheprovider tests/test_hypothesis.py
+fi
+
+# every sanitizer report; fail on those that mention fastattn
+shopt -s nullglob
+REPORTS=("$LOGDIR"/asan.* "$LOGDIR"/ubsan.*)
+OURS=0
+for r in "${REPORTS[@]}"; do
+    if grep -q "fastattn\|_attn_\|simd_body\|simd\.h" "$r"; then
+        OURS=$((OURS + 1))
+        echo "---- sanitizer report in fastattn: $r"
+        head -60 "$r"
+    else
+        echo "---- sanitizer report outside fastattn (ignored): $r"
+        head -15 "$r"
+    fi
+done
+INLINE=$(cat "$LOGDIR"/*.out | grep -c "runtime error:\|ERROR: AddressSanitizer" || true)
+
+echo "== summary: ${#REPORTS[@]} sanitizer report file(s), $OURS mentioning fastattn," \
+     "$INLINE report line(s) in test output; failed steps:${FAILED:- none}"
+if [ "$OURS" -ne 0 ] || [ -n "$FAILED" ]; then
+    SANITIZE_KEEP=1
+    echo "sanitize: FAILED (logs in $LOGDIR)"
+    exit 1
+fi
+echo "sanitize: OK"
