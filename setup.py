@@ -95,6 +95,19 @@ class BuildExt(build_ext):
                 ("FASTATTN_HAVE_OPENMP", "1" if use_omp else "0"),
                 ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
             ]
+        info = {
+            "compiler_type": ctype,
+            "compiler": " ".join(getattr(self.compiler, "compiler_so", None) or [ctype]),
+            "openmp": bool(use_omp),
+            "openmp_flags": omp_c + omp_l,
+            "compiler_flags": list(base) + sanitize,
+            "isa_flags": {isa: list(isa_flags.get(isa, [])) for isa in ISA_VARIANTS},
+            "machine": MACHINE,
+        }
+        literal = repr(info).replace("\\", "\\\\").replace('"', '\\"')
+        for ext in self.extensions:
+            if ext.name == "fastattn._kernels._cpu":
+                ext.define_macros.append(("FASTATTN_BUILD_INFO", f'"{literal}"'))
         super().build_extensions()
 
 

@@ -73,3 +73,40 @@ def omp_max_threads():
 def openmp_enabled():
     """True when the kernels were built with OpenMP."""
     return bool(fa_omp_enabled())
+
+
+cdef extern from *:
+    """
+    #ifndef FASTATTN_BUILD_INFO
+    #define FASTATTN_BUILD_INFO "{}"
+    #endif
+    #if defined(__clang__)
+    #define FA_COMPILER_VERSION "clang " __clang_version__
+    #elif defined(__GNUC__)
+    #define FA_COMPILER_VERSION "gcc " __VERSION__
+    #elif defined(_MSC_VER)
+    #define FA_XSTR(x) #x
+    #define FA_STR(x) FA_XSTR(x)
+    #define FA_COMPILER_VERSION "msvc " FA_STR(_MSC_FULL_VER)
+    #else
+    #define FA_COMPILER_VERSION "unknown"
+    #endif
+    #if FASTATTN_HAVE_OPENMP && defined(_OPENMP)
+    #define FA_OPENMP_SPEC _OPENMP
+    #else
+    #define FA_OPENMP_SPEC 0
+    #endif
+    """
+    const char *FASTATTN_BUILD_INFO
+    const char *FA_COMPILER_VERSION
+    int FA_OPENMP_SPEC
+
+
+def build_info():
+    """How this copy of fastattn was compiled (dict; shown by fastattn.show_config())."""
+    import ast
+    info = ast.literal_eval(FASTATTN_BUILD_INFO.decode())
+    info["compiler_version"] = FA_COMPILER_VERSION.decode()
+    info["openmp"] = bool(fa_omp_enabled())
+    info["openmp_spec"] = int(FA_OPENMP_SPEC)   # _OPENMP date, e.g. 201511 = OpenMP 4.5
+    return info
