@@ -18,6 +18,7 @@ from . import _dispatch
 from ._threads import resolve_num_threads
 
 _K = _dispatch.kernels
+_K.set_thread_resolver(resolve_num_threads)
 
 __all__ = ["attention", "scaled_dot_product_attention", "softmax", "log_softmax", "merge_attention"]
 
@@ -70,7 +71,7 @@ def _check_out(out, shape, dtype, inputs, name="out"):
         raise TypeError(f"{name} has dtype {out.dtype}, expected {dtype}")
     if not out.flags.writeable:
         raise ValueError(f"{name} is read-only")
-    if any(st == 0 and n > 1 for st, n in zip(out.strides, out.shape)):
+    if out.size and any(st == 0 and n > 1 for st, n in zip(out.strides, out.shape)):
         raise ValueError(f"{name} has overlapping elements (a zero stride); it must be a plain writeable array")
     for arr_name, arr in inputs:
         if arr is not None and np.may_share_memory(out, arr):
@@ -197,6 +198,13 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     out, or the tuple (out, weights, lse) with only the parts asked for.
     A query row that sees no key gives output 0, weights 0 and lse -inf.
     """
+    if (mask is None and bias is None and window is None and kv_lengths is None and softcap is None
+            and alibi_slopes is None and out is None and num_threads is None
+            and return_weights is False and return_lse is False and (causal is False or causal is True)):
+        # the plain call, checked and run in compiled code (None: take the general path)
+        result = _K.attention_fast(q, k, v, scale, causal)
+        if result is not None:
+            return result
     q = _as_array(q, "q")
     k = _as_array(k, "k")
     v = _as_array(v, "v")
