@@ -464,8 +464,18 @@ def child_env(threads, pythonpath=()):
     return env
 
 
-# The directory holding the fastattn package: the children's working directory.
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def _python(code, args=(), *, threads, pythonpath=(), timeout=None):
+    """Run ``code`` in a fresh interpreter with the benchmark environment."""
+    # `python -c` puts the working directory first on sys.path; drop it so that
+    # PYTHONPATH (or site-packages) alone decides which fastattn is imported.
+    code = "import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\n" + code
+    return subprocess.run([sys.executable, "-c", code, *args], env=child_env(threads, pythonpath),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _last_error_line(proc):
+    err = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    return err[-1] if err else f"exit status {proc.returncode}"
 
 
 def run_child(lib, case, threads, *, min_time=0.5, check=True, pythonpath=(), timeout=900):
@@ -478,27 +488,20 @@ def run_child(lib, case, threads, *, min_time=0.5, check=True, pythonpath=(), ti
     # Run this file by path: the child must not import fastattn unless it is
     # the fastattn child (its OpenMP runtime would disturb torch's).
     code = f"import runpy; runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')"
-    cmd = [sys.executable, "-c", code, "--child", spec]
     try:
-        proc = subprocess.run(cmd, env=child_env(threads, pythonpath), capture_output=True,
-                              text=True, timeout=timeout, cwd=_PACKAGE_PARENT)
+        proc = _python(code, ("--child", spec), threads=threads, pythonpath=pythonpath, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        err = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        return {"error": err[-1] if err else f"exit status {proc.returncode}"}
+        return {"error": _last_error_line(proc)}
     return json.loads(lines[-1])
 
 
 def import_error(statement, pythonpath=()):
     """None when ``statement`` (an import) runs in a fresh child process, else the error line."""
-    proc = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True,
-                          env=child_env(1, pythonpath), cwd=_PACKAGE_PARENT)
-    if proc.returncode == 0:
-        return None
-    err = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    return err[-1] if err else f"exit status {proc.returncode}"
+    proc = _python(statement, threads=1, pythonpath=pythonpath)
+    return None if proc.returncode == 0 else _last_error_line(proc)
 
 
 def library_available(lib):
