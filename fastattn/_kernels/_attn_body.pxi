@@ -9,7 +9,7 @@
 
 from cython.parallel cimport prange, parallel
 from libc.stdint cimport int64_t, uint8_t, uintptr_t
-from libc.math cimport exp, log, INFINITY
+from libc.math cimport exp, log, sqrt, isfinite, INFINITY
 
 cimport numpy as cnp
 
@@ -89,6 +89,7 @@ cdef enum:
     BLOCK_QT = 128       # query rows per work unit (query-vectorised path)
     T_MIN_ROWS = 16      # fewer query rows than this: the row-major path
     BLOCK_K = 64         # keys per tile (a multiple of every QK panel width)
+    PARALLEL_MIN_WORK = 200000  # smaller problems run on the calling thread alone
     SPLIT_TARGET = 32    # split the key range when fewer units than this ...
     SPLIT_MIN_KEYS = 512 # ... into chunks of at least this many keys
     CAUSAL_NONE = 0
@@ -98,6 +99,11 @@ cdef enum:
     MODE_STATS = 1       # first pass of return_weights: only the row lse
     MODE_WEIGHTS = 2     # second pass: weights = exp(s - lse), out = weights . V
     MODE_PARTIAL = 3     # one key split of a decode problem: m, l, unnormalised out
+
+
+# a per-thread workspace beyond this (64 GiB: absurd head dims) is a MemoryError;
+# with memory overcommit such a malloc can "succeed" and fault later
+cdef int64_t WORKSPACE_MAX_BYTES = (<int64_t>1) << 36
 
 
 # ---------------------------------------------------------------- the plan
@@ -277,6 +283,7 @@ cdef inline int64_t round_up(int64_t x, int64_t m) noexcept nogil:
 # ---------------------------------------------------------------- per-thread workspace
 
 cdef struct Workspace:
+    char *arena     # one allocation holding every buffer below
     void *qp        # BLOCK_Q' x Dk      packed, scaled query rows
     void *kt        # panels of Dk x NR  packed, transposed key tile
     void *vp        # BLOCK_K x Dvp      packed value tile (columns padded to a vector)
@@ -301,70 +308,77 @@ cdef struct Workspace:
 
 cdef inline int64_t rows_alloc(int64_t rows) noexcept nogil:
     # rows rounded up so both micro-kernels can run whole register blocks
-    return round_up(rows, FA_QK_MR * FA_PV_MR)
+    return round_up(rows, FA_QK_MR) + FA_PV_MR
 
 
 cdef inline int64_t t_ld(size_t item) noexcept nogil:
     return round_up(BLOCK_QT, FA_T_NV * (FA_VBYTES // item))
 
 
-cdef int workspace_alloc(Workspace *ws, const Plan *P, int64_t rows, size_t item, int use_t) noexcept nogil:
-    cdef int64_t ld = t_ld(item)
-    ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = NULL
-    if use_t:
-        ws.qt = fa_alloc((P.Dk if P.Dk > 0 else 1) * ld * item)
-        ws.st = fa_alloc(BLOCK_K * ld * item)
-        ws.ot = fa_alloc((P.Dv if P.Dv > 0 else 1) * ld * item)
-        ws.mt = fa_alloc(ld * item)
-        ws.lt = fa_alloc(ld * item)
-        ws.lof = fa_alloc(ld * item)
-        ws.hif = fa_alloc(ld * item)
-        if (ws.qt == NULL or ws.st == NULL or ws.ot == NULL or ws.mt == NULL or ws.lt == NULL
-                or ws.lof == NULL or ws.hif == NULL):
-            return -1
+cdef inline char *carve(char **cursor, int64_t nbytes) noexcept nogil:
+    """Next 64-byte aligned piece of nbytes from the arena at cursor[0]."""
+    cdef char *p = cursor[0]
+    cursor[0] += round_up(nbytes if nbytes > 0 else 1, 64)
+    return p
+
+
+cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t item, int use_t,
+                          char *base) noexcept nogil:
+    """Lay the buffers out from base (NULL: only measure); returns the bytes needed.
+
+    One arena per thread and call: a tiny problem pays for one allocation, not twenty."""
+    cdef char *cur = base
     cdef int64_t R = rows_alloc(rows)
     cdef int64_t W = FA_VBYTES // item
-    cdef int64_t nr = FA_QK_NV * W
     cdef int64_t dvp = round_up(P.Dv if P.Dv > 0 else 1, W)
-    ws.qp = fa_alloc(R * (P.Dk if P.Dk > 0 else 1) * item)
-    ws.kt = fa_alloc(round_up(BLOCK_K, nr) * (P.Dk if P.Dk > 0 else 1) * item)
-    ws.vp = fa_alloc(BLOCK_K * dvp * item)
-    ws.s = fa_alloc(R * BLOCK_K * item)
-    ws.o = fa_alloc(R * dvp * item)
-    ws.m = fa_alloc(R * item)
-    ws.l = <double *>fa_alloc(R * sizeof(double))
-    ws.lo = <int64_t *>fa_alloc(R * sizeof(int64_t))
-    ws.hi = <int64_t *>fa_alloc(R * sizeof(int64_t))
-    ws.pos = <int64_t *>fa_alloc(R * sizeof(int64_t))
-    ws.qoff = <int64_t *>fa_alloc(R * sizeof(int64_t))
-    ws.goff = <int64_t *>fa_alloc(R * sizeof(int64_t))
-    if (ws.qp == NULL or ws.kt == NULL or ws.vp == NULL or ws.s == NULL or ws.o == NULL
-            or ws.m == NULL or ws.l == NULL or ws.lo == NULL or ws.hi == NULL
-            or ws.pos == NULL or ws.qoff == NULL or ws.goff == NULL):
+    cdef int64_t dk = P.Dk if P.Dk > 0 else 1
+    cdef int64_t dv = P.Dv if P.Dv > 0 else 1
+    cdef int64_t ld = t_ld(item)
+    ws.qp = ws.kt = ws.vp = ws.s = ws.o = ws.m = NULL
+    ws.l = NULL
+    ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = NULL
+    if use_t:
+        ws.qt = carve(&cur, dk * ld * item)
+        ws.st = carve(&cur, BLOCK_K * ld * item)
+        ws.ot = carve(&cur, dv * ld * item)
+        ws.mt = carve(&cur, ld * item)
+        ws.lt = carve(&cur, ld * item)
+        ws.lof = carve(&cur, ld * item)
+        ws.hif = carve(&cur, ld * item)
+    else:
+        ws.qp = carve(&cur, R * dk * item)
+        ws.kt = carve(&cur, round_up(BLOCK_K, FA_QK_NV * W) * dk * item)
+        ws.vp = carve(&cur, BLOCK_K * dvp * item)
+        ws.s = carve(&cur, R * BLOCK_K * item)
+        ws.o = carve(&cur, R * dvp * item)
+        ws.m = carve(&cur, R * item)
+        ws.l = <double *>carve(&cur, R * sizeof(double))
+    ws.lo = <int64_t *>carve(&cur, R * sizeof(int64_t))
+    ws.hi = <int64_t *>carve(&cur, R * sizeof(int64_t))
+    ws.pos = <int64_t *>carve(&cur, R * sizeof(int64_t))
+    ws.qoff = <int64_t *>carve(&cur, R * sizeof(int64_t))
+    ws.goff = <int64_t *>carve(&cur, R * sizeof(int64_t))
+    return cur - base
+
+
+cdef int workspace_alloc(Workspace *ws, const Plan *P, int64_t rows, size_t item, int use_t) noexcept nogil:
+    cdef int64_t nbytes
+    ws.arena = NULL
+    if P.Dk > (<int64_t>1 << 32) or P.Dv > (<int64_t>1 << 32):
+        return -1       # the byte counts below could overflow int64
+    nbytes = workspace_layout(ws, P, rows, item, use_t, NULL)
+    if nbytes > WORKSPACE_MAX_BYTES:
+        return -1       # absurd head dims: fail like an allocation failure, never overcommit
+    ws.arena = <char *>fa_alloc(nbytes)
+    if ws.arena == NULL:
         return -1
+    workspace_layout(ws, P, rows, item, use_t, ws.arena)
     return 0
 
 
 cdef void workspace_free(Workspace *ws) noexcept nogil:
-    fa_free(ws.qp)
-    fa_free(ws.kt)
-    fa_free(ws.vp)
-    fa_free(ws.s)
-    fa_free(ws.o)
-    fa_free(ws.m)
-    fa_free(ws.l)
-    fa_free(ws.lo)
-    fa_free(ws.hi)
-    fa_free(ws.pos)
-    fa_free(ws.qoff)
-    fa_free(ws.goff)
-    fa_free(ws.qt)
-    fa_free(ws.st)
-    fa_free(ws.ot)
-    fa_free(ws.mt)
-    fa_free(ws.lt)
-    fa_free(ws.lof)
-    fa_free(ws.hif)
+    fa_free(ws.arena)
+    ws.arena = NULL
 
 
 # ---------------------------------------------------------------- attention: one work unit
@@ -898,7 +912,7 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     cdef floating *po = NULL
     cdef floating *pm = NULL
     cdef double *pl = NULL
-    cdef int use_threads = nthreads > 1 and work > 200000
+    cdef int use_threads = nthreads > 1 and work > PARALLEL_MIN_WORK
     cdef int64_t stride_split = 0
     if units == 0:
         return 0
@@ -931,6 +945,8 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
         # Every thread must reach the worksharing loops below (OpenMP requires it),
         # so a failed allocation only disables the thread's share of work.
         ws = <Workspace *>fa_alloc(sizeof(Workspace))
+        if ws != NULL:
+            ws.arena = NULL
         ws_ok = ws != NULL and workspace_alloc(ws, P, rows, sizeof(floating), use_t) == 0
         if not ws_ok:
             failed_p[0] = 1
@@ -1050,6 +1066,104 @@ def attention_forward(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray o
     if P.Lq == 0:
         return out
     if q.dtype.num == cnp.NPY_FLOAT:
+        attention_run(&P, <float>0, nthreads)
+    else:
+        attention_run(&P, <double>0, nthreads)
+    return out
+
+
+_thread_resolver = None
+
+
+def set_thread_resolver(resolver):
+    """The function plain calls use to pick their thread count (fastattn._threads)."""
+    global _thread_resolver
+    _thread_resolver = resolver
+
+
+cdef inline bint plain_operand(cnp.ndarray a, int typenum) noexcept:
+    """float32/float64 of the given type, native byte order, aligned, item-multiple strides."""
+    cdef int d
+    if cnp.PyArray_TYPE(a) != typenum or not cnp.PyArray_ISBEHAVED_RO(a):
+        return False
+    for d in range(a.ndim):
+        if a.strides[d] % a.itemsize:
+            return False
+    return True
+
+
+def attention_fast(q, k, v, scale, bint causal):
+    """The plain call ``attention(q, k, v[, scale=, causal=])`` without Python overhead.
+
+    Taken when q, k, v are ndarrays of one native float dtype with identical batch
+    dims (no broadcasting, no grouped heads) and a valid shape.  Returns None for
+    anything else, and the caller takes the general path, which also produces the
+    errors.  Small problems never ask for a thread count (they run on one thread)."""
+    cdef cnp.ndarray qa, ka, va, out
+    cdef int nd, d, typenum
+    cdef Plan P
+    cdef cnp.npy_intp dims[64]
+    cdef double sc
+    cdef int64_t work
+    cdef int nthreads = 1
+    if type(q) is not cnp.ndarray or type(k) is not cnp.ndarray or type(v) is not cnp.ndarray:
+        return None
+    qa, ka, va = q, k, v
+    nd = qa.ndim
+    if nd < 2 or nd > MAXDIM or ka.ndim != nd or va.ndim != nd:
+        return None
+    typenum = cnp.PyArray_TYPE(qa)
+    if typenum != cnp.NPY_FLOAT and typenum != cnp.NPY_DOUBLE:
+        return None
+    if not (plain_operand(qa, typenum) and plain_operand(ka, typenum) and plain_operand(va, typenum)):
+        return None
+    for d in range(nd - 2):
+        if ka.shape[d] != qa.shape[d] or va.shape[d] != qa.shape[d]:
+            return None
+    if ka.shape[nd - 1] != qa.shape[nd - 1] or va.shape[nd - 2] != ka.shape[nd - 2]:
+        return None
+    if scale is None:
+        sc = 1.0 / sqrt(<double>qa.shape[nd - 1]) if qa.shape[nd - 1] > 0 else 1.0
+    elif type(scale) is float:
+        sc = scale
+        if not isfinite(sc):
+            return None
+    else:
+        return None
+    for d in range(nd - 1):
+        dims[d] = qa.shape[d]
+    dims[nd - 1] = va.shape[nd - 1]
+    out = cnp.PyArray_EMPTY(nd, dims, typenum, 0)
+
+    P.nb = nd - 2
+    P.nbatch = 1
+    for d in range(P.nb):
+        P.bshape[d] = qa.shape[d]
+        P.nbatch *= P.bshape[d]
+    P.g = 1
+    P.Lq = qa.shape[nd - 2]
+    P.Lk = ka.shape[nd - 2]
+    P.Dk = qa.shape[nd - 1]
+    P.Dv = va.shape[nd - 1]
+    P.nrows = P.Lq
+    P.scale = sc
+    P.softcap = 0
+    P.causal = CAUSAL_TOP_LEFT if causal else CAUSAL_NONE
+    P.wl = -1
+    P.wr = -1
+    P.has_mask = P.has_bias = P.has_kvlen = P.has_alibi = P.want_lse = P.want_weights = 0
+    P.kvlen = NULL
+    P.slopes = NULL
+    fill_operand(&P.q, qa, 2, &P, 0, 0)
+    fill_operand(&P.k, ka, 2, &P, 0, 0)
+    fill_operand(&P.v, va, 2, &P, 0, 0)
+    fill_operand(&P.o, out, 2, &P, 0, 0)
+    if P.Lq == 0 or P.nbatch == 0:
+        return out
+    work = P.nbatch * P.nrows * (P.Lk + 1) * (P.Dk + P.Dv + 1)
+    if work > PARALLEL_MIN_WORK:
+        nthreads = _thread_resolver(None)
+    if typenum == cnp.NPY_FLOAT:
         attention_run(&P, <float>0, nthreads)
     else:
         attention_run(&P, <double>0, nthreads)

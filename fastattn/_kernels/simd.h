@@ -81,11 +81,11 @@
 #  define FA_UNROLL
 #endif
 
-/* Zeroed, 64-byte aligned allocation; NULL on failure.  The original pointer is
- * stored just before the aligned block so fa_free can release it. */
+/* 64-byte aligned allocation (not zeroed); NULL on failure.  The original
+ * pointer is stored just before the aligned block so fa_free can release it. */
 static inline void *fa_alloc(size_t nbytes)
 {
-    void *raw = calloc(1, nbytes + FA_ALIGN + sizeof(void *));
+    void *raw = malloc(nbytes + FA_ALIGN + sizeof(void *));
     if (!raw) return NULL;
     uintptr_t p = ((uintptr_t)raw + sizeof(void *) + FA_ALIGN - 1) & ~(uintptr_t)(FA_ALIGN - 1);
     ((void **)p)[-1] = raw;
