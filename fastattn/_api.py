@@ -227,7 +227,9 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     qb, kb, vb = q.shape[:-2], k.shape[:-2], v.shape[:-2]
     kvb = _broadcast((kb, vb), ("k", "v"))
     g = 1
-    if len(qb) >= 1 and len(kvb) >= 1 and kvb[-1] not in (1, qb[-1]) and qb[-1] % kvb[-1] == 0:
+    # grouped heads (torch enable_gqa): k and v share a head count that divides q's
+    if (len(qb) >= 1 and len(kb) >= 1 and len(vb) >= 1 and kb[-1] == vb[-1]
+            and kvb[-1] not in (1, qb[-1]) and qb[-1] % kvb[-1] == 0):
         g = qb[-1] // kvb[-1]
     if g > 1:
         bshape = _broadcast((qb[:-1] + (kvb[-1],), kb, vb), ("q (heads grouped)", "k", "v"))
