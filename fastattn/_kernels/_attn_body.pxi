@@ -739,14 +739,54 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
             (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
 
 
+cdef void apply_score_options_t(const Plan *P, const Workspace *ws, floating *st, int64_t ld,
+                                int64_t j0, int64_t j1, int64_t t0, int64_t i0, int64_t ni, int64_t nlanes,
+                                int64_t b, int64_t r0, int64_t mbo, int64_t bbo) noexcept nogil:
+    """softcap, bias, ALiBi and the boolean mask on St[j0:j1, lanes i0..i0+ni-1] (st points at lane i0).
+
+    The same order as the row-major path (apply_score_options)."""
+    cdef int64_t i, j, r, grp, pos, p
+    cdef floating *lane
+    cdef const floating *brow
+    cdef const uint8_t *mrow
+    cdef floating slope, dist
+    if P.softcap > 0:
+        for j in range(j0, j1):
+            row_softcap(st + j * ld, nlanes, <floating>P.softcap)
+    if not (P.has_bias or P.has_alibi or P.has_mask):
+        return
+    for i in range(ni):
+        r = i0 + i
+        lane = st + i
+        grp = ws.goff[r]
+        pos = r0 + r - grp * P.Lq
+        if P.has_bias:
+            brow = (<const floating *>P.bias.base) + bbo + grp * P.bias.sg + pos * P.bias.sr
+            for j in range(j0, j1):
+                lane[j * ld] += brow[(t0 + j) * P.bias.sc]
+        if P.has_alibi:
+            slope = (<const floating *>P.slopes)[b * P.g + grp]
+            p = ws.pos[r]
+            for j in range(j0, j1):
+                dist = <floating>(p - (t0 + j))
+                if dist < 0:
+                    dist = -dist
+                lane[j * ld] -= slope * dist
+        if P.has_mask:
+            mrow = (<const uint8_t *>P.mask.base) + mbo + grp * P.mask.sg + pos * P.mask.sr
+            for j in range(j0, j1):
+                if not mrow[(t0 + j) * P.mask.sc]:
+                    lane[j * ld] = -INFINITY
+
+
 cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
                      floating dtype_tag) noexcept nogil:
     """Query-vectorised unit: rows r0..r0+nr-1 (nr <= BLOCK_QT) of batch b, all keys.
 
     Lanes run over queries: Qt (Dk x lanes) is packed once, keys and values are
     read in place as broadcast scalars, and each query's online softmax (max,
-    sum, rescale) is a vertical vector operation.  Used without per-element score
-    options (mask, bias, ALiBi, softcap) and without key splits or weights."""
+    sum, rescale) is a vertical vector operation.  Used for every option except
+    key splits and return_weights (the row-major run_unit does those)."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef int64_t CH = FA_T_NV * W
     cdef int64_t ld = t_ld(sizeof(floating))
@@ -765,6 +805,10 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     cdef const floating *kbase = (<const floating *>P.k.base) + batch_offset(P, &P.k, b)
     cdef const floating *vbase = (<const floating *>P.v.base) + batch_offset(P, &P.v, b)
     cdef floating *obase = (<floating *>P.o.base) + batch_offset(P, &P.o, b)
+    cdef int64_t mbo = batch_offset(P, &P.mask, b) if P.has_mask else 0
+    cdef int64_t bbo = batch_offset(P, &P.bias, b) if P.has_bias else 0
+    cdef int needs_options = P.softcap > 0 or P.has_bias or P.has_alibi or P.has_mask
+    cdef const uint8_t *mrow = NULL
     cdef floating scale = <floating>P.scale
     cdef floating inv, p, lse_i
     cdef const floating *src
@@ -820,6 +864,9 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
             if j0 >= j1:
                 continue
             tqk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + ch * CH, ld, Dk, st + ch * CH, ld, j0, j1)
+            if needs_options:
+                apply_score_options_t(P, ws, st + ch * CH, ld, j0, j1, t0, ch * CH,
+                                      min(CH, nr - ch * CH), CH, b, r0, mbo, bbo)
             if ch_lomax[ch] > t0 + j0 or ch_himin[ch] < t0 + j1:
                 tmask_chunk(st + ch * CH, ld, j0, j1, t0, lof + ch * CH, hif + ch * CH)
             tsoftmax_chunk(st + ch * CH, ld, j0, j1, m + ch * CH, l + ch * CH, ot + ch * CH, ld, Dv)
@@ -830,7 +877,13 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                 for i in range(ch * CH, min((ch + 1) * CH, nr)):
                     jj0 = max(ws.lo[i] - t0, j0)
                     jj1 = min(ws.hi[i] - t0, j1)
+                    if P.has_mask:
+                        grp = ws.goff[i]
+                        mrow = ((<const uint8_t *>P.mask.base) + mbo + grp * P.mask.sg
+                                + (r0 + i - grp * P.Lq) * P.mask.sr)
                     for j in range(jj0, jj1):
+                        if P.has_mask and not mrow[(t0 + j) * P.mask.sc]:
+                            continue
                         p = st[j * ld + i]
                         src = vbase + (t0 + j) * P.v.sr
                         for c in range(Dv):
@@ -896,8 +949,7 @@ cdef void merge_splits(const Plan *P, int64_t b, int64_t r0, int64_t nr, int64_t
 # ---------------------------------------------------------------- attention: the parallel driver
 
 cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
-    cdef int use_t = (P.nrows >= T_MIN_ROWS and not P.want_weights and not P.has_mask
-                      and not P.has_bias and not P.has_alibi and not P.softcap > 0)
+    cdef int use_t = P.nrows >= T_MIN_ROWS and not P.want_weights
     cdef int64_t bq = BLOCK_QT if use_t else BLOCK_Q
     cdef int64_t nblk = (P.nrows + bq - 1) // bq
     cdef int64_t rows = P.nrows if P.nrows < bq else bq
