@@ -49,22 +49,11 @@ _inputs_cache = {}
 
 
 def inputs_for(case):
-    """Inputs of a case, built once per session (the largest are ~200 MiB)."""
+    """Inputs of a case, built once for its contestants (the largest are ~270 MiB)."""
     if case["id"] not in _inputs_cache:
         _inputs_cache.clear()          # keep one case's inputs alive at a time
         _inputs_cache[case["id"]] = H.make_inputs(case, np)
     return _inputs_cache[case["id"]]
-
-
-def fastattn_kwargs(case, inputs):
-    kw = {"causal": case["causal"]}
-    if case["window"]:
-        kw["window"] = tuple(case["window"])
-    if case["mask"]:
-        kw["mask"] = inputs["mask"]
-    if case["kv_lengths"]:
-        kw["kv_lengths"] = inputs["kv_lengths"]
-    return kw
 
 
 def tolerance(dtype):
@@ -82,7 +71,7 @@ def check_attention(case, inputs, out):
     assert out.dtype == np.dtype(case["dtype"])
     r = min(case["Lq"], 48)
     group = case["Hq"] // case["Hkv"]
-    kw = fastattn_kwargs(case, inputs)
+    kw = H.fastattn_kwargs(case, inputs)
     for b, h in {(0, 0), (case["B"] - 1, case["Hq"] - 1)}:
         q, k, v = inputs["q"][b, h], inputs["k"][b, h // group], inputs["v"][b, h // group]
         ref_kw = dict(kw)
@@ -126,7 +115,7 @@ def test_attention(benchmark, case, contestant, bench_threads):
         assert out.shape == (case["B"], case["Hq"], case["Lq"], case["Dv"])
         return
     out = benchmark(fastattn.attention, inputs["q"], inputs["k"], inputs["v"],
-                    num_threads=bench_threads, **fastattn_kwargs(case, inputs))
+                    num_threads=bench_threads, **H.fastattn_kwargs(case, inputs))
     check_attention(case, inputs, out)
 
 

@@ -283,15 +283,21 @@ def _fastattn_runner(case, inputs, threads, np):
     if case["kind"] == "softmax":
         x = inputs["x"]
         return (lambda: fastattn.softmax(x, axis=-1, num_threads=threads)), info
-    kw = {"causal": case["causal"], "num_threads": threads}
+    kw = dict(fastattn_kwargs(case, inputs), num_threads=threads)
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    return (lambda: fastattn.attention(q, k, v, **kw)), info
+
+
+def fastattn_kwargs(case, inputs):
+    """The keyword arguments of fastattn.attention that express ``case``."""
+    kw = {"causal": case["causal"]}
     if case["window"]:
         kw["window"] = tuple(case["window"])
     if case["mask"]:
         kw["mask"] = inputs["mask"]
     if case["kv_lengths"]:
         kw["kv_lengths"] = inputs["kv_lengths"]
-    q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    return (lambda: fastattn.attention(q, k, v, **kw)), info
+    return kw
 
 
 def _torch_runner(case, inputs, threads, np):
