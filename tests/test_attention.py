@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from conftest import (LAYOUTS, assert_close, assert_unchanged, compute_dtype, expected_dtype,
+from fa_testutil import (LAYOUTS, assert_close, assert_unchanged, compute_dtype, expected_dtype,
                       make_layout, randn, reference as R, snapshot)
 
 FLOATS = [np.float32, np.float64]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from conftest import reference as R
+from fa_testutil import reference as R
 
 Z = np.zeros
 

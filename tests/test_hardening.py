@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 import fastattn
-from conftest import assert_close, expected_dtype
-from conftest import reference as R
+from fa_testutil import assert_close, expected_dtype
+from fa_testutil import reference as R
 
 f16, f32, f64 = np.float16, np.float32, np.float64
 REF = "reference"          # defined result, compared with fastattn.reference

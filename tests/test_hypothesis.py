@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import fastattn  # noqa: E402
-from conftest import assert_close, compute_dtype, expected_dtype, make_layout  # noqa: E402
-from conftest import reference as R  # noqa: E402
+from fa_testutil import assert_close, compute_dtype, expected_dtype, make_layout  # noqa: E402
+from fa_testutil import reference as R  # noqa: E402
 
 _COMMON = dict(deadline=None, derandomize=False, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

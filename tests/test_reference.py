@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import assert_close, reference as R, rms_rel_err, scipy_special
+from fa_testutil import assert_close, reference as R, rms_rel_err, scipy_special
 
 SEED_WEIGHTS = np.array([0.665241, 0.244728, 0.090031])
 SEED_CONTEXT = np.array([0.755272, 0.334759])

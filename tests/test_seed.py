@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from conftest import assert_close, reference as R
+from fa_testutil import assert_close, reference as R
 
 SEED_WEIGHTS = np.array([0.665241, 0.244728, 0.090031])
 SEED_CONTEXT = np.array([0.755272, 0.334759])

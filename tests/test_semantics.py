@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from conftest import assert_close, compute_dtype, randn, reference as R
+from fa_testutil import assert_close, compute_dtype, randn, reference as R
 
 FLOATS = [np.float32, np.float64]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from conftest import (LAYOUTS, assert_close, assert_unchanged, expected_dtype, make_layout, randn,
+from fa_testutil import (LAYOUTS, assert_close, assert_unchanged, expected_dtype, make_layout, randn,
                       reference as R, scipy_special, snapshot)
 
 FLOATS = [np.float32, np.float64]

@@ -1144,13 +1144,14 @@ cdef inline bint plain_operand(cnp.ndarray a, int typenum) noexcept:
     return True
 
 
-def attention_fast(q, k, v, scale, bint causal):
+def attention_fast(q, k, v, scale, bint causal, num_threads):
     """The plain call ``attention(q, k, v[, scale=, causal=])`` without Python overhead.
 
     Taken when q, k, v are ndarrays of one native float dtype with identical batch
     dims (no broadcasting, no grouped heads) and a valid shape.  Returns None for
     anything else, and the caller takes the general path, which also produces the
-    errors.  Small problems never ask for a thread count (they run on one thread)."""
+    errors.  Small problems run on the calling thread and never ask for a thread
+    count; larger ones ask fastattn._threads (which honours num_threads)."""
     cdef cnp.ndarray qa, ka, va, out
     cdef int nd, d, typenum
     cdef Plan P
@@ -1158,6 +1159,8 @@ def attention_fast(q, k, v, scale, bint causal):
     cdef double sc
     cdef int64_t work
     cdef int nthreads = 1
+    if num_threads is not None and (type(num_threads) is not int or not 1 <= num_threads <= 0x7fffffff):
+        return None
     if type(q) is not cnp.ndarray or type(k) is not cnp.ndarray or type(v) is not cnp.ndarray:
         return None
     qa, ka, va = q, k, v
@@ -1214,7 +1217,8 @@ def attention_fast(q, k, v, scale, bint causal):
         return out
     work = P.nbatch * P.nrows * (P.Lk + 1) * (P.Dk + P.Dv + 1)
     if work > PARALLEL_MIN_WORK:
-        nthreads = _thread_resolver(None)
+        # the resolver also records that this thread may own an OpenMP pool (fork safety)
+        nthreads = _thread_resolver(num_threads)
     if typenum == cnp.NPY_FLOAT:
         attention_run(&P, <float>0, nthreads)
     else:
