@@ -218,3 +218,20 @@ class _LazyScipySpecial:
 
 
 scipy_special = _LazyScipySpecial()
+
+
+def child_process_env(env=None):
+    """(env, cwd) for a ``python -c`` child that must import the same fastattn as this process.
+
+    ``python -c`` puts its working directory first on ``sys.path``: run from a source
+    checkout, the child would import the uncompiled ``fastattn/`` folder instead of the
+    installed package.  So the child runs in a neutral folder, with PYTHONPATH naming
+    the folder that holds the fastattn imported here (installed or built in place)."""
+    import tempfile
+
+    import fastattn
+
+    env = dict(os.environ if env is None else env)
+    home = os.path.dirname(os.path.dirname(os.path.abspath(fastattn.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (home, env.get("PYTHONPATH", "")) if p)
+    return env, tempfile.gettempdir()

@@ -23,6 +23,7 @@ import pytest
 
 import fastattn
 from fastattn import _threads
+from fa_testutil import child_process_env
 
 TIMEOUT = 60
 NT = 2   # explicit: forces a real OpenMP team even on a 1-CPU machine
@@ -159,7 +160,8 @@ def test_fallback_single_thread_child_when_pool_release_fails():
             assert fastattn.get_num_threads() >= 1 and _threads.resolve_num_threads(3) == 3
             print("ok", st["last_fork"])
     """)
+    env, cwd = child_process_env()
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=TIMEOUT + 30)
+                         env=env, cwd=cwd, timeout=TIMEOUT + 30)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.startswith("ok failed"), res.stdout

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from fa_testutil import assert_close, expected_dtype
+from fa_testutil import assert_close, child_process_env, expected_dtype
 from fa_testutil import reference as R
 
 f16, f32, f64 = np.float16, np.float32, np.float64
@@ -645,7 +645,9 @@ def test_workspace_overflow_in_subprocess():
             except ValueError as e:   # numpy: array too big
                 print("ValueError", D)
     """)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    env, cwd = child_process_env()
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=env, cwd=cwd)
     assert res.returncode == 0, f"child died with {res.returncode}: {res.stderr[-2000:]}"
     lines = res.stdout.split()
     # every size ends in an exception: MemoryError from fastattn, or numpy's own

@@ -13,6 +13,7 @@ import pytest
 
 import fastattn
 from fastattn import _threads
+from fa_testutil import child_process_env
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +27,8 @@ def _run_py(code: str, env_update=None, timeout=120) -> str:
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     env.update(env_update or {})
-    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+    env, cwd = child_process_env(env)
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd,
                          capture_output=True, text=True, timeout=timeout)
     assert res.returncode == 0, res.stderr
     return res.stdout.strip()
