@@ -80,8 +80,10 @@ def test_threads_match_sequential_and_run_in_parallel():
     def target(i):
         results[i] = _run(works[i])
 
+    # best of up to 10 rounds, stopping at the first clear speed-up: on a shared
+    # 2-vCPU machine the second core is sometimes taken for a moment
     best_seq, best_par = float("inf"), float("inf")
-    for _ in range(5):
+    for _ in range(10):
         t = time.perf_counter()
         for w in works:
             _run(w)
