@@ -78,6 +78,10 @@ cdef extern from "simd.h" nogil:
                       int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
     void fa_pv_rows_d(const double *p, int64_t ldp, int64_t nr, const double *v, int64_t ldv,
                       int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
+    void fa_tmask_bool_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                               const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf)
+    void fa_tmask_bool_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                               const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf)
     int fa_block_nonfinite_f(const float *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
     int fa_block_nonfinite_d(const double *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
 
@@ -269,6 +273,14 @@ cdef inline void pv_rows(const floating *p, int64_t ldp, int64_t nr, const float
     else:
         fa_pv_rows_d(p, ldp, nr, v, ldv, k0, k1, o, ldo, nvec)
 
+cdef inline void tmask_bool_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                                  const uint8_t *const *mrows, int64_t nl, int64_t sc,
+                                  uint8_t *tbuf) noexcept nogil:
+    if floating is float:
+        fa_tmask_bool_chunk_f(st, lds, j0, j1, t0, mrows, nl, sc, tbuf)
+    else:
+        fa_tmask_bool_chunk_d(st, lds, j0, j1, t0, mrows, nl, sc, tbuf)
+
 cdef inline int block_nonfinite(const floating *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc) noexcept nogil:
     if floating is float:
         return fa_block_nonfinite_f(x, rows, cols, sr, sc)
@@ -304,6 +316,7 @@ cdef struct Workspace:
     void *lt        # ld                 running sum per query lane
     void *lof       # ld                 visible key range per lane, as floats
     void *hif       # ld
+    void *mtb       # BLOCK_K x chunk    transposed boolean-mask block (bytes)
 
 
 cdef inline int64_t rows_alloc(int64_t rows) noexcept nogil:
@@ -336,7 +349,7 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
     cdef int64_t ld = t_ld(item)
     ws.qp = ws.kt = ws.vp = ws.s = ws.o = ws.m = NULL
     ws.l = NULL
-    ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = NULL
+    ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = ws.mtb = NULL
     if use_t:
         ws.qt = carve(&cur, dk * ld * item)
         ws.st = carve(&cur, BLOCK_K * ld * item)
@@ -345,6 +358,7 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
         ws.lt = carve(&cur, ld * item)
         ws.lof = carve(&cur, ld * item)
         ws.hif = carve(&cur, ld * item)
+        ws.mtb = carve(&cur, BLOCK_K * FA_T_NV * (FA_VBYTES // item))
     else:
         ws.qp = carve(&cur, R * dk * item)
         ws.kt = carve(&cur, round_up(BLOCK_K, FA_QK_NV * W) * dk * item)
@@ -748,35 +762,35 @@ cdef void apply_score_options_t(const Plan *P, const Workspace *ws, floating *st
     cdef int64_t i, j, r, grp, pos, p
     cdef floating *lane
     cdef const floating *brow
-    cdef const uint8_t *mrow
+    cdef const uint8_t *mrows[64]       # one chunk of lanes (at most 64)
     cdef floating slope, dist
     if P.softcap > 0:
         for j in range(j0, j1):
             row_softcap(st + j * ld, nlanes, <floating>P.softcap)
-    if not (P.has_bias or P.has_alibi or P.has_mask):
-        return
-    for i in range(ni):
-        r = i0 + i
-        lane = st + i
-        grp = ws.goff[r]
-        pos = r0 + r - grp * P.Lq
-        if P.has_bias:
-            brow = (<const floating *>P.bias.base) + bbo + grp * P.bias.sg + pos * P.bias.sr
-            for j in range(j0, j1):
-                lane[j * ld] += brow[(t0 + j) * P.bias.sc]
-        if P.has_alibi:
-            slope = (<const floating *>P.slopes)[b * P.g + grp]
-            p = ws.pos[r]
-            for j in range(j0, j1):
-                dist = <floating>(p - (t0 + j))
-                if dist < 0:
-                    dist = -dist
-                lane[j * ld] -= slope * dist
-        if P.has_mask:
-            mrow = (<const uint8_t *>P.mask.base) + mbo + grp * P.mask.sg + pos * P.mask.sr
-            for j in range(j0, j1):
-                if not mrow[(t0 + j) * P.mask.sc]:
-                    lane[j * ld] = -INFINITY
+    if P.has_bias or P.has_alibi:
+        for i in range(ni):
+            r = i0 + i
+            lane = st + i
+            grp = ws.goff[r]
+            pos = r0 + r - grp * P.Lq
+            if P.has_bias:
+                brow = (<const floating *>P.bias.base) + bbo + grp * P.bias.sg + pos * P.bias.sr
+                for j in range(j0, j1):
+                    lane[j * ld] += brow[(t0 + j) * P.bias.sc]
+            if P.has_alibi:
+                slope = (<const floating *>P.slopes)[b * P.g + grp]
+                p = ws.pos[r]
+                for j in range(j0, j1):
+                    dist = <floating>(p - (t0 + j))
+                    if dist < 0:
+                        dist = -dist
+                    lane[j * ld] -= slope * dist
+    if P.has_mask:
+        for i in range(ni):
+            r = i0 + i
+            grp = ws.goff[r]
+            mrows[i] = (<const uint8_t *>P.mask.base) + mbo + grp * P.mask.sg + (r0 + r - grp * P.Lq) * P.mask.sr
+        tmask_bool_chunk(st, ld, j0, j1, t0, mrows, ni, P.mask.sc, <uint8_t *>ws.mtb)
 
 
 cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,

@@ -440,6 +440,37 @@ static inline void FA_SFX(fa_tmask_chunk)(FA_T *st, int64_t lds, int64_t j0, int
     }
 }
 
+/* St[j][lane] = -inf where the boolean mask says the lane's query may not see key
+ * t0+j.  mrows[lane] points at the lane's mask row (column 0), columns sc bytes
+ * apart; lanes >= nl are left alone (padding lanes are masked by their empty
+ * range).  The mask block is first transposed into tbuf (CHUNK x (j1-j0) bytes) so
+ * the select runs on whole vectors of lanes without branches: a random mask would
+ * mispredict half of its branches. */
+static inline void FA_SFX(fa_tmask_bool_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                                               const uint8_t *const *mrows, int64_t nl, int64_t sc,
+                                               uint8_t *tbuf)
+{
+    const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
+    for (int64_t i = 0; i < FA_T_CHUNK; i++) {
+        uint8_t *col = tbuf + i;
+        if (i < nl) {
+            const uint8_t *m = mrows[i] + t0 * sc;
+            for (int64_t j = j0; j < j1; j++) col[(j - j0) * FA_T_CHUNK] = m[j * sc];
+        } else {
+            for (int64_t j = j0; j < j1; j++) col[(j - j0) * FA_T_CHUNK] = 1;
+        }
+    }
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = tbuf + (j - j0) * FA_T_CHUNK;
+        FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
+            FA_VI keep;
+            for (int l = 0; l < FA_W; l++) keep[l] = row[v * FA_W + l];
+            FA_T *p = st + j * lds + v * FA_W;
+            FA_SFX(fa_store)(p, FA_SFX(fa_select)(keep != 0, FA_SFX(fa_load)(p), ninf));
+        }
+    }
+}
+
 /* Online softmax update of one chunk over rows [j0, j1) of St: new running max m,
  * rescale of the running sum l and of the accumulator Ot (Dv rows) by
  * exp(m_old - m_new), St -> P = exp(St - m_new).  NaN propagates per lane; a lane
