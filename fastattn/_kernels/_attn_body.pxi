@@ -580,8 +580,8 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     cdef int few = nr < FA_QK_MR
     cdef int k_in_place = few and P.k.sc == 1
     cdef int v_in_place = few and P.v.sc == 1 and Dv % W == 0 and Dv > 0
-    cdef const floating *vsrc
-    cdef int64_t ldv
+    cdef const floating *vsrc = NULL
+    cdef int64_t ldv = 0
     cdef int needs_options = P.softcap > 0 or P.has_bias or P.has_alibi or P.has_mask
     cdef int64_t Rq = round_up(nr, FA_QK_MR), Rp = round_up(nr, FA_PV_MR)
 
