@@ -542,6 +542,18 @@ cdef void apply_score_options(const Plan *P, floating *srow, int64_t i, int64_t 
                 srow[j] = -INFINITY
 
 
+cdef inline void rows_key_span(const Workspace *ws, int64_t i0, int64_t i1, int64_t t0, int64_t n,
+                               int64_t *a, int64_t *e) noexcept nogil:
+    """[a, e): the keys of tile [t0, t0 + n) that any of rows i0..i1-1 can see (tile-relative)."""
+    cdef int64_t i
+    a[0] = n
+    e[0] = 0
+    for i in range(i0, i1):
+        if ws.hi[i] > ws.lo[i]:
+            a[0] = min(a[0], max(ws.lo[i] - t0, 0))
+            e[0] = max(e[0], min(ws.hi[i] - t0, n))
+
+
 cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
                    int64_t kb, int64_t ke, int mode, floating *stats,
                    floating *part_o, floating *part_m, double *part_l) noexcept nogil:
@@ -624,18 +636,7 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
         if k_in_place:
             qk_rows(qp, Dk, nr, Dk, (<floating *>P.k.base) + kbo + t0 * P.k.sr, P.k.sr, n, s, BLOCK_K)
         while i0 < nr:
-            a = n
-            e = 0
-            for i in range(i0, min(i0 + FA_QK_MR, nr)):
-                if ws.hi[i] > ws.lo[i]:
-                    if ws.lo[i] - t0 < a:
-                        a = ws.lo[i] - t0
-                    if ws.hi[i] - t0 > e:
-                        e = ws.hi[i] - t0
-            if a < 0:
-                a = 0
-            if e > n:
-                e = n
+            rows_key_span(ws, i0, min(i0 + FA_QK_MR, nr), t0, n, &a, &e)
             if a < e:
                 qk_block(qp + i0 * Dk, Dk, kt, Dk, s + i0 * BLOCK_K, BLOCK_K, a // NR, (e + NR - 1) // NR)
             i0 += FA_QK_MR
@@ -694,29 +695,13 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
         if v_nonfinite:
             pv_rows_exact(P, ws, s, vsrc, ldv, o, dvp, r0, nr, t0, n, mbo)
         elif need_pv and few:
-            a = n
-            e = 0
-            for i in range(nr):
-                if ws.hi[i] > ws.lo[i]:
-                    a = min(a, max(ws.lo[i] - t0, 0))
-                    e = max(e, min(ws.hi[i] - t0, n))
+            rows_key_span(ws, 0, nr, t0, n, &a, &e)
             if a < e:
                 pv_rows(s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
         elif need_pv:
             i0 = 0
             while i0 < nr:
-                a = n
-                e = 0
-                for i in range(i0, min(i0 + FA_PV_MR, nr)):
-                    if ws.hi[i] > ws.lo[i]:
-                        if ws.lo[i] - t0 < a:
-                            a = ws.lo[i] - t0
-                        if ws.hi[i] - t0 > e:
-                            e = ws.hi[i] - t0
-                if a < 0:
-                    a = 0
-                if e > n:
-                    e = n
+                rows_key_span(ws, i0, min(i0 + FA_PV_MR, nr), t0, n, &a, &e)
                 if a < e:
                     pv_block(s + i0 * BLOCK_K, BLOCK_K, vsrc, ldv, a, e, o + i0 * dvp, dvp, dvp // W)
                 i0 += FA_PV_MR
