@@ -147,8 +147,7 @@ cdef inline int64_t batch_offset(const Plan *P, const Operand *op, int64_t b) no
     return off
 
 
-cdef int fill_operand(Operand *op, cnp.ndarray a, int trailing, const Plan *P, int64_t hq,
-                      int64_t col_stride_bytes_ok) except -1:
+cdef int fill_operand(Operand *op, cnp.ndarray a, int trailing, const Plan *P, int64_t hq) except -1:
     """Describe array `a` whose last `trailing` dims are (rows[, cols]) and whose
     leading dims broadcast to the plan's batch shape, the last batch dim being the
     query-head axis of size hq = g * bshape[-1] when GQA folds heads into rows."""
@@ -397,14 +396,13 @@ cdef void workspace_free(Workspace *ws) noexcept nogil:
 
 # ---------------------------------------------------------------- attention: one work unit
 
-cdef int64_t setup_rows(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
+cdef void setup_rows(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
                         int64_t kb, int64_t ke, int64_t *lo_all, int64_t *hi_all) noexcept nogil:
     """Visible key range [lo, hi) of each row, clipped to the key split [kb, ke).
 
     Causal, window and kv_lengths all make a contiguous range per row, so tiles
-    outside the union of the ranges are never touched.  Returns the number of
-    rows with at least one visible key."""
-    cdef int64_t i, r, grp, pos, kl, p, lo, hi, active = 0
+    outside the union of the ranges are never touched."""
+    cdef int64_t i, r, grp, pos, kl, p, lo, hi
     lo_all[0] = ke
     hi_all[0] = kb
     for i in range(nr):
@@ -431,14 +429,12 @@ cdef int64_t setup_rows(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int
         if hi <= lo:
             hi = lo
         else:
-            active += 1
             if lo < lo_all[0]:
                 lo_all[0] = lo
             if hi > hi_all[0]:
                 hi_all[0] = hi
         ws.lo[i] = lo
         ws.hi[i] = hi
-    return active
 
 
 cdef void pack_q(const Plan *P, Workspace *ws, floating *qbase, int64_t nr) noexcept nogil:
@@ -947,6 +943,11 @@ cdef void merge_splits(const Plan *P, int64_t b, int64_t r0, int64_t nr, int64_t
 
 # ---------------------------------------------------------------- attention: the parallel driver
 
+cdef inline int64_t plan_work(const Plan *P) noexcept nogil:
+    """A size measure of the problem: below PARALLEL_MIN_WORK it runs on one thread."""
+    return P.nbatch * P.nrows * (P.Lk + 1) * (P.Dk + P.Dv + 1)
+
+
 cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     cdef int use_t = P.nrows >= T_MIN_ROWS and not P.want_weights
     cdef int64_t bq = BLOCK_QT if use_t else BLOCK_Q
@@ -954,7 +955,6 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     cdef int64_t rows = P.nrows if P.nrows < bq else bq
     cdef int64_t units = P.nbatch * nblk
     cdef int64_t nsplit = 1, chunk = P.Lk, u, b, blk, r0, nr, sp, kb, ke
-    cdef int64_t work = P.nbatch * P.nrows * (P.Lk + 1) * (P.Dk + P.Dv + 1)
     cdef int failed = 0
     cdef int *failed_p = &failed    # written through the pointer: shared by all threads
     cdef Workspace *ws              # assigned inside the parallel block: one per thread
@@ -963,7 +963,7 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     cdef floating *po = NULL
     cdef floating *pm = NULL
     cdef double *pl = NULL
-    cdef int use_threads = nthreads > 1 and work > PARALLEL_MIN_WORK
+    cdef int use_threads = nthreads > 1 and plan_work(P) > PARALLEL_MIN_WORK
     cdef int64_t stride_split = 0
     if units == 0:
         return 0
@@ -1061,6 +1061,47 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     return 0
 
 
+cdef int plan_init(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray out, int64_t g,
+                   double scale, int causal, int64_t wl, int64_t wr, double softcap) except -1:
+    """Shapes, scalar options and the q, k, v, out operands of a plan whose P.nb and
+    P.bshape the caller has set; every optional operand starts switched off."""
+    cdef int d
+    cdef int64_t hq = g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
+    P.nbatch = 1
+    for d in range(P.nb):
+        P.nbatch *= P.bshape[d]
+    P.g = g
+    P.Lq = q.shape[q.ndim - 2]
+    P.Lk = k.shape[k.ndim - 2]
+    P.Dk = q.shape[q.ndim - 1]
+    P.Dv = v.shape[v.ndim - 1]
+    P.nrows = g * P.Lq
+    P.scale = scale
+    P.softcap = softcap
+    P.causal = causal
+    P.wl = wl
+    P.wr = wr
+    P.has_mask = P.has_bias = P.has_kvlen = P.has_alibi = P.want_lse = P.want_weights = 0
+    P.kvlen = NULL
+    P.slopes = NULL
+    fill_operand(&P.q, q, 2, P, hq)
+    fill_operand(&P.k, k, 2, P, hq)
+    fill_operand(&P.v, v, 2, P, hq)
+    fill_operand(&P.o, out, 2, P, hq)
+    return 0
+
+
+cdef int plan_execute(Plan *P, int typenum, int nthreads) except -1:
+    """Run a filled plan in its dtype (nothing to do without query rows or batch elements)."""
+    if P.Lq == 0 or P.nbatch == 0:
+        return 0
+    if typenum == cnp.NPY_FLOAT:
+        attention_run(P, <float>0, nthreads)
+    else:
+        attention_run(P, <double>0, nthreads)
+    return 0
+
+
 def attention_forward(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray out, tuple bshape,
                       Py_ssize_t g, double scale, int causal, Py_ssize_t wl, Py_ssize_t wr,
                       double softcap, mask, bias, kvlen, slopes, weights, lse, int nthreads):
@@ -1078,48 +1119,29 @@ def attention_forward(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray o
     P.nb = len(bshape)
     if P.nb > MAXDIM:
         raise ValueError("too many batch dimensions")
-    P.nbatch = 1
     for d in range(P.nb):
         P.bshape[d] = bshape[d]
-        P.nbatch *= P.bshape[d]
-    P.g = g
+    plan_init(&P, q, k, v, out, g, scale, causal, wl, wr, softcap)
     hq = g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
-    P.Lq = q.shape[q.ndim - 2]
-    P.Lk = k.shape[k.ndim - 2]
-    P.Dk = q.shape[q.ndim - 1]
-    P.Dv = v.shape[v.ndim - 1]
-    P.nrows = g * P.Lq
-    P.scale = scale
-    P.softcap = softcap
-    P.causal = causal
-    P.wl = wl
-    P.wr = wr
-    fill_operand(&P.q, q, 2, &P, hq, 0)
-    fill_operand(&P.k, k, 2, &P, hq, 0)
-    fill_operand(&P.v, v, 2, &P, hq, 0)
-    fill_operand(&P.o, out, 2, &P, hq, 0)
     P.has_mask = mask is not None
     if P.has_mask:
-        fill_operand(&P.mask, mask, 2, &P, hq, 0)
+        fill_operand(&P.mask, mask, 2, &P, hq)
     P.has_bias = bias is not None
     if P.has_bias:
-        fill_operand(&P.bias, bias, 2, &P, hq, 0)
+        fill_operand(&P.bias, bias, 2, &P, hq)
     P.want_weights = weights is not None
     if P.want_weights:
-        fill_operand(&P.w, weights, 2, &P, hq, 0)
+        fill_operand(&P.w, weights, 2, &P, hq)
     P.want_lse = lse is not None
     if P.want_lse:
-        fill_operand(&P.lse, lse, 1, &P, hq, 0)
+        fill_operand(&P.lse, lse, 1, &P, hq)
     P.has_kvlen = kvlen is not None
-    P.kvlen = <int64_t *>cnp.PyArray_DATA(kvlen) if P.has_kvlen else NULL
+    if P.has_kvlen:
+        P.kvlen = <int64_t *>cnp.PyArray_DATA(kvlen)
     P.has_alibi = slopes is not None
-    P.slopes = <char *>cnp.PyArray_DATA(slopes) if P.has_alibi else NULL
-    if P.Lq == 0:
-        return out
-    if q.dtype.num == cnp.NPY_FLOAT:
-        attention_run(&P, <float>0, nthreads)
-    else:
-        attention_run(&P, <double>0, nthreads)
+    if P.has_alibi:
+        P.slopes = <char *>cnp.PyArray_DATA(slopes)
+    plan_execute(&P, cnp.PyArray_TYPE(q), nthreads)
     return out
 
 
@@ -1156,7 +1178,6 @@ def attention_fast(q, k, v, scale, bint causal, num_threads):
     cdef Plan P
     cdef cnp.npy_intp dims[64]
     cdef double sc
-    cdef int64_t work
     cdef int nthreads = 1
     if num_threads is not None and (type(num_threads) is not int or not 1 <= num_threads <= 0x7fffffff):
         return None
@@ -1190,38 +1211,13 @@ def attention_fast(q, k, v, scale, bint causal, num_threads):
     out = cnp.PyArray_EMPTY(nd, dims, typenum, 0)
 
     P.nb = nd - 2
-    P.nbatch = 1
     for d in range(P.nb):
         P.bshape[d] = qa.shape[d]
-        P.nbatch *= P.bshape[d]
-    P.g = 1
-    P.Lq = qa.shape[nd - 2]
-    P.Lk = ka.shape[nd - 2]
-    P.Dk = qa.shape[nd - 1]
-    P.Dv = va.shape[nd - 1]
-    P.nrows = P.Lq
-    P.scale = sc
-    P.softcap = 0
-    P.causal = CAUSAL_TOP_LEFT if causal else CAUSAL_NONE
-    P.wl = -1
-    P.wr = -1
-    P.has_mask = P.has_bias = P.has_kvlen = P.has_alibi = P.want_lse = P.want_weights = 0
-    P.kvlen = NULL
-    P.slopes = NULL
-    fill_operand(&P.q, qa, 2, &P, 0, 0)
-    fill_operand(&P.k, ka, 2, &P, 0, 0)
-    fill_operand(&P.v, va, 2, &P, 0, 0)
-    fill_operand(&P.o, out, 2, &P, 0, 0)
-    if P.Lq == 0 or P.nbatch == 0:
-        return out
-    work = P.nbatch * P.nrows * (P.Lk + 1) * (P.Dk + P.Dv + 1)
-    if work > PARALLEL_MIN_WORK:
+    plan_init(&P, qa, ka, va, out, 1, sc, CAUSAL_TOP_LEFT if causal else CAUSAL_NONE, -1, -1, 0)
+    if plan_work(&P) > PARALLEL_MIN_WORK:
         # the resolver also records that this thread may own an OpenMP pool (fork safety)
         nthreads = _thread_resolver(num_threads)
-    if typenum == cnp.NPY_FLOAT:
-        attention_run(&P, <float>0, nthreads)
-    else:
-        attention_run(&P, <double>0, nthreads)
+    plan_execute(&P, typenum, nthreads)
     return out
 
 
@@ -1296,8 +1292,8 @@ def softmax_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthreads)
         P.bshape[d] = x.shape[d]
         P.nbatch *= P.bshape[d]
     P.g = 1
-    fill_operand(&P.q, x, 1, &P, 0, 0)
-    fill_operand(&P.o, out, 1, &P, 0, 0)
+    fill_operand(&P.q, x, 1, &P, 0)
+    fill_operand(&P.o, out, 1, &P, 0)
     # fill_operand with one trailing dim stores the element stride in sr
     P.q.sc = P.q.sr
     P.o.sc = P.o.sr
