@@ -505,6 +505,35 @@ def test_kv_lengths_padding_may_hold_garbage(rng):
         assert_close(out, R.attention(q, k, v, kv_lengths=lens), dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ["hidden_nan", "visible_inf_then_hidden_nan", "visible_nan"])
+def test_decode_values_nonfinite(case, dtype, rng):
+    """Decode rows read values in place and check them only after each tile's
+    update: a hidden NaN must still never reach the output, and a visible inf or
+    NaN must give what the reference gives, whatever tile it sits in."""
+    Lk, D = 300, 128          # several key tiles, whole vectors of values
+    q = randn(rng, (2, 1, D), dtype)
+    k = randn(rng, (2, Lk, D), dtype)
+    v = randn(rng, (2, Lk, D), dtype)
+    mask = np.ones(Lk, bool)
+    mask[200:210] = False
+    v[:, 205, :] = np.nan                 # hidden by the mask (third tile)
+    if case == "visible_inf_then_hidden_nan":
+        v[0, 10, 3] = np.inf              # visible, first tile: column 3 becomes inf
+    if case == "visible_nan":
+        v[1, 250, 7] = np.nan             # visible, fourth tile: column 7 becomes NaN
+    out = fastattn.attention(q, k, v, mask=mask)
+    want = R.attention(q, k, v, mask=mask)
+    if case == "hidden_nan":
+        assert np.isfinite(want).all()
+    assert_close(out, want, dtype)
+    # the same with kv_lengths hiding the tail instead of a mask
+    v2 = v.copy()
+    v2[:, 280:, :] = np.nan
+    out2 = fastattn.attention(q, k, v2, mask=mask, kv_lengths=np.array([280, 280]))
+    assert_close(out2, R.attention(q, k, v2, mask=mask, kv_lengths=np.array([280, 280])), dtype)
+
+
 @pytest.mark.parametrize("how", ["mask", "causal", "window"])
 def test_masked_keys_may_hold_garbage(how, rng):
     """Values of keys a row cannot see never reach that row, even when inf/NaN

@@ -618,9 +618,11 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
         if not need_pv:
             v_nonfinite = 0
         elif v_in_place:
+            # read in place; inf/NaN values are caught after the P.V update below
+            # (one pass over the values instead of two)
             vsrc = (<floating *>P.v.base) + vbo + t0 * P.v.sr
             ldv = P.v.sr
-            v_nonfinite = block_nonfinite(vsrc, n, Dv, ldv, 1)
+            v_nonfinite = 0
         else:
             v_nonfinite = pack_v_tile(P, vp, dvp, (<floating *>P.v.base) + vbo, t0, n)
             vsrc = vp
@@ -693,7 +695,18 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
         elif need_pv and few:
             rows_key_span(ws, 0, nr, t0, n, &a, &e)
             if a < e:
+                # values read in place were not checked: keep the accumulators,
+                # and if the update made any of them inf/NaN, redo the tile
+                # exactly (see pv_rows_exact).  The packed value buffer is free
+                # when values are read in place.
+                if v_in_place:
+                    for i in range(nr * dvp):
+                        vp[i] = o[i]
                 pv_rows(s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
+                if v_in_place and block_nonfinite(o, nr, Dv, dvp, 1):
+                    for i in range(nr * dvp):
+                        o[i] = vp[i]
+                    pv_rows_exact(P, ws, s, vsrc, ldv, o, dvp, r0, nr, t0, n, mbo)
         elif need_pv:
             i0 = 0
             while i0 < nr:

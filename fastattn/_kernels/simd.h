@@ -72,6 +72,12 @@
 #endif
 
 #define FA_ALIGN 64
+#ifndef FA_PF_BYTES
+#  define FA_PF_BYTES 3072   /* software prefetch distance of the row-streaming loops */
+#endif
+#ifndef FA_PF_LOC
+#  define FA_PF_LOC 3        /* __builtin_prefetch locality: 3 = prefetcht0 */
+#endif
 
 #if defined(__clang__)
 #  define FA_UNROLL _Pragma("clang loop unroll(full)")

@@ -290,16 +290,38 @@ static inline FA_T FA_SFX(fa_dot)(const FA_T *a, const FA_T *b, int64_t n)
     return s;
 }
 
+/* Prefetch the n elements from p (one hint per cache line).  These loops stream
+ * keys and values from memory one row at a time; the hardware prefetcher stops
+ * at every 4 KiB page, so a single core only reaches its read bandwidth when the
+ * rows a few KiB ahead are already requested.  A hint never faults, so running
+ * past the end of an array is harmless. */
+static inline void FA_SFX(fa_prefetch)(const FA_T *p, int64_t n)
+{
+    const char *c = (const char *)p;
+    for (int64_t b = 0; b < n * (int64_t)sizeof(FA_T); b += 64) __builtin_prefetch(c + b, 0, FA_PF_LOC);
+}
+
+static inline int64_t FA_SFX(fa_pf_rows)(int64_t row_elems)
+{
+    int64_t bytes = row_elems * (int64_t)sizeof(FA_T);
+    int64_t r = bytes > 0 ? (FA_PF_BYTES + bytes - 1) / bytes : 1;
+    return r < 1 ? 1 : r;
+}
+
 /* S[i][j] = qp[i] . k[j] for i < nr, j < n; key rows contiguous, ksr apart. */
 static inline void FA_SFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, int64_t D,
                                       const FA_T *k, int64_t ksr, int64_t n, FA_T *s, int64_t lds)
 {
-    for (int64_t j = 0; j < n; j++)
+    const int64_t pf = FA_SFX(fa_pf_rows)(D);
+    for (int64_t j = 0; j < n; j++) {
+        FA_SFX(fa_prefetch)(k + (j + pf) * ksr, D);
         for (int64_t i = 0; i < nr; i++) s[i * lds + j] = FA_SFX(fa_dot)(qp + i * ldq, k + j * ksr, D);
+    }
 }
 
 /* O[i][0:nvec*W] += sum_{k in [k0,k1)} P[i][k] * V[k][0:nvec*W] for i < nr, one row
- * at a time (V rows ldv apart, read in place). */
+ * at a time (V rows ldv apart, read in place).  Blocks of 8 vectors cover a
+ * 128-float (64-double) row in one pass over the keys. */
 static inline void FA_SFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, const FA_T *vv, int64_t ldv,
                                       int64_t k0, int64_t k1, FA_T *o, int64_t ldo, int64_t nvec)
 {
@@ -307,12 +329,26 @@ static inline void FA_SFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, co
         const FA_T *pi = p + i * ldp;
         FA_T *oi = o + i * ldo;
         int64_t c = 0;
+        for (; c + 8 <= nvec; c += 8) {
+            const int64_t pf = FA_SFX(fa_pf_rows)(8 * FA_W);
+            FA_V a[8];
+            FA_UNROLL for (int u = 0; u < 8; u++) a[u] = FA_SFX(fa_load)(oi + (c + u) * FA_W);
+            for (int64_t k = k0; k < k1; k++) {
+                const FA_V w = FA_SFX(fa_set1)(pi[k]);
+                const FA_T *vr = vv + k * ldv + c * FA_W;
+                if (i == 0) FA_SFX(fa_prefetch)(vr + pf * ldv, 8 * FA_W);
+                FA_UNROLL for (int u = 0; u < 8; u++) a[u] += w * FA_SFX(fa_load)(vr + u * FA_W);
+            }
+            FA_UNROLL for (int u = 0; u < 8; u++) FA_SFX(fa_store)(oi + (c + u) * FA_W, a[u]);
+        }
         for (; c + 4 <= nvec; c += 4) {
+            const int64_t pf = FA_SFX(fa_pf_rows)(4 * FA_W);
             FA_V a0 = FA_SFX(fa_load)(oi + c * FA_W), a1 = FA_SFX(fa_load)(oi + (c + 1) * FA_W);
             FA_V a2 = FA_SFX(fa_load)(oi + (c + 2) * FA_W), a3 = FA_SFX(fa_load)(oi + (c + 3) * FA_W);
             for (int64_t k = k0; k < k1; k++) {
                 const FA_V w = FA_SFX(fa_set1)(pi[k]);
                 const FA_T *vr = vv + k * ldv + c * FA_W;
+                if (i == 0) FA_SFX(fa_prefetch)(vr + pf * ldv, 4 * FA_W);
                 a0 += w * FA_SFX(fa_load)(vr);
                 a1 += w * FA_SFX(fa_load)(vr + FA_W);
                 a2 += w * FA_SFX(fa_load)(vr + 2 * FA_W);
