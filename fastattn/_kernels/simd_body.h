@@ -77,6 +77,51 @@ static inline FA_V FA_SFX(fa_vexp)(FA_V x)
     return res;
 }
 
+/* exp(x) for the softmax arguments x - max (<= 0, -inf or NaN): the same
+ * result as fa_vexp wherever x <= FA_EXP_HI, with fewer instructions (the
+ * range is clamped with min/max instead of selects; both pass NaN through as
+ * their second operand).  Arguments above FA_EXP_HI, which a max-subtracted score
+ * never is, would saturate at exp(FA_EXP_HI) instead of becoming +inf. */
+static inline FA_V FA_SFX(fa_vexp_nonpos)(FA_V x)
+{
+    const FA_VI under = x < FA_EXP_LO;          /* includes -inf */
+    const FA_V xc = FA_SFX(FA_VMIN)(FA_SFX(fa_set1)(FA_EXP_HI),
+                                    FA_SFX(FA_VMAX)(FA_SFX(fa_set1)(FA_EXP_LO), x));
+    const FA_V t = xc * (FA_T)1.44269504088896341 + FA_MAGIC;
+    const FA_V n = t - FA_MAGIC;
+#ifdef FA_DOUBLE
+    FA_V r = xc - n * 6.93145751953125E-1;
+    r = r - n * 1.42860682030941723212E-6;
+    FA_V p = FA_SFX(fa_set1)(1.0 / 479001600.0);
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+#else
+    FA_V r = xc - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    const FA_V z = r * r;
+    FA_V p = FA_SFX(fa_set1)(1.9875691500E-4f);
+    p = p * r + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    p = p * z + r + 1.0f;
+#endif
+    const FA_VI magic_bits = (FA_VI)FA_SFX(fa_set1)(FA_MAGIC);
+    const FA_VI e = (((FA_VI)t - magic_bits) + FA_EXP_BIAS) << FA_MANT_BITS;
+    return (FA_V)((FA_VI)(p * (FA_V)e) & ~under);
+}
+
 /* Load the first n (< W) lanes, the rest filled with `fill`. */
 static inline FA_V FA_SFX(fa_load_part)(const FA_T *p, int64_t n, FA_T fill)
 {
@@ -104,20 +149,38 @@ static inline FA_T FA_SFX(fa_max_nan)(FA_T m, FA_T x)
     return (x > m || x != x) ? x : m;
 }
 
-/* max(x[0:n]) with NaN propagation; -inf for n == 0. */
+/* max(x[0:n]) with NaN propagation; -inf for n == 0.  Four max chains (one
+ * instruction each on x86) and NaN tracked apart by OR-ing x != x. */
 static inline FA_T FA_SFX(fa_row_max)(const FA_T *x, int64_t n)
 {
-    FA_V m0 = FA_SFX(fa_set1)(-(FA_T)INFINITY), m1 = m0;
+    FA_V m0 = FA_SFX(fa_set1)(-(FA_T)INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    FA_VI bad = (FA_VI)FA_SFX(fa_set1)(0);
     int64_t j = 0;
-    for (; j + 2 * FA_W <= n; j += 2 * FA_W) {
-        m0 = FA_SFX(fa_vmax_nan)(m0, FA_SFX(fa_load)(x + j));
-        m1 = FA_SFX(fa_vmax_nan)(m1, FA_SFX(fa_load)(x + j + FA_W));
+    for (; j + 4 * FA_W <= n; j += 4 * FA_W) {
+        const FA_V x0 = FA_SFX(fa_load)(x + j), x1 = FA_SFX(fa_load)(x + j + FA_W);
+        const FA_V x2 = FA_SFX(fa_load)(x + j + 2 * FA_W), x3 = FA_SFX(fa_load)(x + j + 3 * FA_W);
+        m0 = FA_SFX(FA_VMAX)(m0, x0);
+        m1 = FA_SFX(FA_VMAX)(m1, x1);
+        m2 = FA_SFX(FA_VMAX)(m2, x2);
+        m3 = FA_SFX(FA_VMAX)(m3, x3);
+        bad |= (x0 != x0) | (x1 != x1) | (x2 != x2) | (x3 != x3);
     }
-    for (; j + FA_W <= n; j += FA_W) m0 = FA_SFX(fa_vmax_nan)(m0, FA_SFX(fa_load)(x + j));
-    if (j < n) m1 = FA_SFX(fa_vmax_nan)(m1, FA_SFX(fa_load_part)(x + j, n - j, -(FA_T)INFINITY));
-    m0 = FA_SFX(fa_vmax_nan)(m0, m1);
+    for (; j + FA_W <= n; j += FA_W) {
+        const FA_V x0 = FA_SFX(fa_load)(x + j);
+        m0 = FA_SFX(FA_VMAX)(m0, x0);
+        bad |= x0 != x0;
+    }
+    if (j < n) {
+        const FA_V x0 = FA_SFX(fa_load_part)(x + j, n - j, -(FA_T)INFINITY);
+        m1 = FA_SFX(FA_VMAX)(m1, x0);
+        bad |= x0 != x0;
+    }
+    m0 = FA_SFX(FA_VMAX)(FA_SFX(FA_VMAX)(m0, m1), FA_SFX(FA_VMAX)(m2, m3));
     FA_T m = -(FA_T)INFINITY;
-    for (int i = 0; i < FA_W; i++) m = FA_SFX(fa_max_nan)(m, m0[i]);
+    for (int i = 0; i < FA_W; i++) {
+        if (bad[i]) return (FA_T)NAN;
+        m = m0[i] > m ? m0[i] : m;
+    }
     return m;
 }
 
@@ -128,21 +191,21 @@ static inline FA_T FA_SFX(fa_row_exp_sum)(const FA_T *x, FA_T *y, int64_t n, FA_
     FA_V s0 = FA_SFX(fa_set1)(0), s1 = s0;
     int64_t j = 0;
     for (; j + 2 * FA_W <= n; j += 2 * FA_W) {
-        FA_V e0 = FA_SFX(fa_vexp)(FA_SFX(fa_load)(x + j) - vm);
-        FA_V e1 = FA_SFX(fa_vexp)(FA_SFX(fa_load)(x + j + FA_W) - vm);
+        FA_V e0 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(x + j) - vm);
+        FA_V e1 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(x + j + FA_W) - vm);
         FA_SFX(fa_store)(y + j, e0);
         FA_SFX(fa_store)(y + j + FA_W, e1);
         s0 += e0;
         s1 += e1;
     }
     for (; j + FA_W <= n; j += FA_W) {
-        FA_V e0 = FA_SFX(fa_vexp)(FA_SFX(fa_load)(x + j) - vm);
+        FA_V e0 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(x + j) - vm);
         FA_SFX(fa_store)(y + j, e0);
         s0 += e0;
     }
     if (j < n) {
         /* the fill value -inf becomes exp(-inf) = 0 and adds nothing */
-        FA_V e0 = FA_SFX(fa_vexp)(FA_SFX(fa_load_part)(x + j, n - j, -(FA_T)INFINITY) - vm);
+        FA_V e0 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load_part)(x + j, n - j, -(FA_T)INFINITY) - vm);
         FA_SFX(fa_store_part)(y + j, e0, n - j);
         s1 += e0;
     }
@@ -517,22 +580,32 @@ static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, 
     const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
     FA_V alpha[FA_T_NV];
     FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
+        /* plain max chains, NaN lanes tracked apart (see fa_row_max) */
         FA_V mt0 = ninf, mt1 = ninf;
+        FA_VI bad = (FA_VI)FA_SFX(fa_set1)(0);
         int64_t j = j0;
         for (; j + 2 <= j1; j += 2) {
-            mt0 = FA_SFX(fa_vmax_nan)(mt0, FA_SFX(fa_load)(st + j * lds + v * FA_W));
-            mt1 = FA_SFX(fa_vmax_nan)(mt1, FA_SFX(fa_load)(st + (j + 1) * lds + v * FA_W));
+            const FA_V x0 = FA_SFX(fa_load)(st + j * lds + v * FA_W);
+            const FA_V x1 = FA_SFX(fa_load)(st + (j + 1) * lds + v * FA_W);
+            mt0 = FA_SFX(FA_VMAX)(mt0, x0);
+            mt1 = FA_SFX(FA_VMAX)(mt1, x1);
+            bad |= (x0 != x0) | (x1 != x1);
         }
-        if (j < j1) mt0 = FA_SFX(fa_vmax_nan)(mt0, FA_SFX(fa_load)(st + j * lds + v * FA_W));
+        if (j < j1) {
+            const FA_V x0 = FA_SFX(fa_load)(st + j * lds + v * FA_W);
+            mt0 = FA_SFX(FA_VMAX)(mt0, x0);
+            bad |= x0 != x0;
+        }
         const FA_V mo = FA_SFX(fa_load)(m + v * FA_W);
-        const FA_V mn = FA_SFX(fa_vmax_nan)(FA_SFX(fa_vmax_nan)(mo, mt0), mt1);
+        const FA_V mn = FA_SFX(fa_select)(bad, FA_SFX(fa_set1)((FA_T)NAN),
+                                          FA_SFX(fa_vmax_nan)(FA_SFX(fa_vmax_nan)(mo, mt0), mt1));
         const FA_V mn_safe = FA_SFX(fa_select)(mn == ninf, FA_SFX(fa_set1)(0), mn);
-        alpha[v] = FA_SFX(fa_vexp)(mo - mn_safe);
+        alpha[v] = FA_SFX(fa_vexp_nonpos)(mo - mn_safe);
         FA_V s0 = FA_SFX(fa_set1)(0), s1 = s0;
         for (j = j0; j + 2 <= j1; j += 2) {
             FA_T *p0 = st + j * lds + v * FA_W, *p1 = p0 + lds;
-            const FA_V e0 = FA_SFX(fa_vexp)(FA_SFX(fa_load)(p0) - mn_safe);
-            const FA_V e1 = FA_SFX(fa_vexp)(FA_SFX(fa_load)(p1) - mn_safe);
+            const FA_V e0 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(p0) - mn_safe);
+            const FA_V e1 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(p1) - mn_safe);
             FA_SFX(fa_store)(p0, e0);
             FA_SFX(fa_store)(p1, e1);
             s0 += e0;
@@ -540,7 +613,7 @@ static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, 
         }
         if (j < j1) {
             FA_T *p0 = st + j * lds + v * FA_W;
-            const FA_V e0 = FA_SFX(fa_vexp)(FA_SFX(fa_load)(p0) - mn_safe);
+            const FA_V e0 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(p0) - mn_safe);
             FA_SFX(fa_store)(p0, e0);
             s0 += e0;
         }
