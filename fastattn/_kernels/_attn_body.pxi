@@ -830,10 +830,11 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     cdef int64_t ch_himin[64]
 
     setup_rows(P, ws, b, r0, nr, 0, P.Lk, &lo_all, &hi_all)
+    # transposed pack, d outer: contiguous stores, and the nr source rows stay in L1
+    for d in range(Dk):
+        for i in range(nr):
+            qt[d * ld + i] = qbase[ws.qoff[i] + d * P.q.sc] * scale
     for i in range(nr):
-        src = qbase + ws.qoff[i]
-        for d in range(Dk):
-            qt[d * ld + i] = src[d * P.q.sc] * scale
         lof[i] = <floating>ws.lo[i]
         hif[i] = <floating>ws.hi[i]
     for i in range(nr, lanes):

@@ -631,16 +631,25 @@ static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, 
  * for finite x and NaN otherwise, accumulated in vectors. */
 static inline int FA_SFX(fa_block_nonfinite)(const FA_T *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
 {
-    FA_V acc = FA_SFX(fa_set1)(0);
+    /* four independent chains: one chain would be bound by the add latency */
+    FA_V acc0 = FA_SFX(fa_set1)(0), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     FA_T probe = 0;
     for (int64_t j = 0; j < rows; j++) {
         const FA_T *row = x + j * sr;
         int64_t c = 0;
-        if (sc == 1)
-            for (; c + FA_W <= cols; c += FA_W) acc += FA_SFX(fa_load)(row + c) * 0;
+        if (sc == 1) {
+            for (; c + 4 * FA_W <= cols; c += 4 * FA_W) {
+                acc0 += FA_SFX(fa_load)(row + c) * 0;
+                acc1 += FA_SFX(fa_load)(row + c + FA_W) * 0;
+                acc2 += FA_SFX(fa_load)(row + c + 2 * FA_W) * 0;
+                acc3 += FA_SFX(fa_load)(row + c + 3 * FA_W) * 0;
+            }
+            for (; c + FA_W <= cols; c += FA_W) acc0 += FA_SFX(fa_load)(row + c) * 0;
+        }
         for (; c < cols; c++) probe += row[c * sc] * 0;
     }
-    for (int i = 0; i < FA_W; i++) probe += acc[i];
+    acc0 += (acc1 + acc2) + acc3;
+    for (int i = 0; i < FA_W; i++) probe += acc0[i];
     return probe != 0;
 }
 
