@@ -82,6 +82,8 @@ cdef extern from "simd.h" nogil:
                                const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf)
     void fa_tmask_bool_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf)
+    void fa_prefetch_rows_f(const float *p, int64_t nrows, int64_t sr, int64_t n)
+    void fa_prefetch_rows_d(const double *p, int64_t nrows, int64_t sr, int64_t n)
     int fa_block_nonfinite_f(const float *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
     int fa_block_nonfinite_d(const double *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
 
@@ -208,6 +210,12 @@ cdef inline void row_shift(const floating *x, floating *y, int64_t n, floating a
         fa_row_shift_f(x, y, n, a)
     else:
         fa_row_shift_d(x, y, n, a)
+
+cdef inline void prefetch_rows(const floating *p, int64_t nrows, int64_t sr, int64_t n) noexcept nogil:
+    if floating is float:
+        fa_prefetch_rows_f(p, nrows, sr, n)
+    else:
+        fa_prefetch_rows_d(p, nrows, sr, n)
 
 cdef inline void row_softcap(floating *x, int64_t n, floating c) noexcept nogil:
     if floating is float:
@@ -787,6 +795,15 @@ cdef void apply_score_options_t(const Plan *P, const Workspace *ws, floating *st
         tmask_bool_chunk(st, ld, j0, j1, t0, mrows, ni, P.mask.sc, <uint8_t *>ws.mtb)
 
 
+cdef inline void prefetch_tile(const Plan *P, const floating *kbase, const floating *vbase,
+                               int64_t t0, int64_t t1) noexcept nogil:
+    """Request key and value rows t0..t1-1 (rows with contiguous elements only)."""
+    if P.k.sc == 1:
+        prefetch_rows(kbase + t0 * P.k.sr, t1 - t0, P.k.sr, P.Dk)
+    if P.v.sc == 1:
+        prefetch_rows(vbase + t0 * P.v.sr, t1 - t0, P.v.sr, P.Dv)
+
+
 cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
                      floating dtype_tag) noexcept nogil:
     """Query-vectorised unit: rows r0..r0+nr-1 (nr <= BLOCK_QT) of batch b, all keys.
@@ -830,6 +847,14 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     cdef int64_t ch_himin[64]
 
     setup_rows(P, ws, b, r0, nr, 0, P.Lk, &lo_all, &hi_all)
+    # Start the first key/value tile and the query rows on their way from
+    # memory before the (latency-bound) transposed query pack; later tiles
+    # are requested one tile ahead in the loop below.
+    if lo_all < hi_all:
+        prefetch_tile(P, kbase, vbase, lo_all, min(lo_all + BLOCK_K, hi_all))
+    if P.q.sc == 1:
+        for i in range(nr):
+            prefetch_rows(qbase + ws.qoff[i], 1, 0, Dk)
     # transposed pack, d outer: contiguous stores, and the nr source rows stay in L1
     for d in range(Dk):
         for i in range(nr):
@@ -866,6 +891,8 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     while t0 < hi_all:
         t1 = min(t0 + BLOCK_K, hi_all)
         n = t1 - t0
+        if t1 < hi_all:
+            prefetch_tile(P, kbase, vbase, t1, min(t1 + BLOCK_K, hi_all))
         vnf = block_nonfinite(vbase + t0 * P.v.sr, n, Dv, P.v.sr, P.v.sc)
         for ch in range(nch):
             j0 = max(t0, ch_lo[ch]) - t0

@@ -364,6 +364,12 @@ static inline void FA_SFX(fa_prefetch)(const FA_T *p, int64_t n)
     for (int64_t b = 0; b < n * (int64_t)sizeof(FA_T); b += 64) __builtin_prefetch(c + b, 0, FA_PF_LOC);
 }
 
+/* Prefetch rows [0, nrows) of n contiguous elements, sr apart. */
+static inline void FA_SFX(fa_prefetch_rows)(const FA_T *p, int64_t nrows, int64_t sr, int64_t n)
+{
+    for (int64_t r = 0; r < nrows; r++) FA_SFX(fa_prefetch)(p + r * sr, n);
+}
+
 static inline int64_t FA_SFX(fa_pf_rows)(int64_t row_elems)
 {
     int64_t bytes = row_elems * (int64_t)sizeof(FA_T);
