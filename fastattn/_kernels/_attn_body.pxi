@@ -934,12 +934,11 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
             inv = 1 / l[i]
             for c in range(Dv):
                 orow[c * P.o.sc] = ot[c * ld + i] * inv
-            lse_i = <floating>(m[i] + log(l[i]))
         else:
             for c in range(Dv):
                 orow[c * P.o.sc] = 0
-            lse_i = -INFINITY
         if P.want_lse:
+            lse_i = <floating>(m[i] + log(l[i])) if l[i] > 0 or l[i] != l[i] else -INFINITY
             (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
 
 
