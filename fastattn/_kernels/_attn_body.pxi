@@ -988,13 +988,55 @@ cdef inline int64_t plan_work(const Plan *P) noexcept nogil:
     return P.nbatch * P.nrows * (P.Lk + 1) * (P.Dk + P.Dv + 1)
 
 
+cdef enum:
+    UNIT_PLAIN = 0       # row-major unit, online softmax over all keys
+    UNIT_T = 1           # query-vectorised unit
+    UNIT_WEIGHTS = 2     # row-major unit, statistics pass then weights pass
+    UNIT_SPLIT = 3       # one key split of a row-major unit (merged afterwards)
+
+
+cdef void do_unit(const Plan *P, Workspace *ws, int64_t u, int kind, int64_t units, int64_t nblk,
+                  int64_t bq, int64_t rows, int64_t chunk, int64_t stride_split, floating *stats,
+                  floating *po, floating *pm, double *pl) noexcept nogil:
+    """Work unit u of attention_run (the same on the serial and the threaded path)."""
+    cdef int64_t b, r0, nr, sp, kb, ke, uu
+    if kind == UNIT_SPLIT:
+        sp = u // units
+        uu = u % units
+        b = uu // nblk
+        r0 = (uu % nblk) * BLOCK_Q
+        nr = min(BLOCK_Q, P.nrows - r0)
+        kb = sp * chunk
+        ke = min(P.Lk, kb + chunk)
+        run_unit(P, ws, b, r0, nr, kb, ke, MODE_PARTIAL, <floating *>NULL,
+                 po + (sp * stride_split + uu * rows) * P.Dv,
+                 pm + sp * stride_split + uu * rows,
+                 pl + sp * stride_split + uu * rows)
+        return
+    b = u // nblk
+    r0 = (u % nblk) * bq
+    nr = min(bq, P.nrows - r0)
+    if kind == UNIT_T:
+        run_unit_t(P, ws, b, r0, nr, <floating>0)
+    elif kind == UNIT_WEIGHTS:
+        run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_STATS, stats + u * rows,
+                 <floating *>NULL, <floating *>NULL, <double *>NULL)
+        run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_WEIGHTS, stats + u * rows,
+                 <floating *>NULL, <floating *>NULL, <double *>NULL)
+    else:
+        run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_ONLINE, <floating *>NULL,
+                 <floating *>NULL, <floating *>NULL, <double *>NULL)
+
+
 cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     cdef int use_t = P.nrows >= T_MIN_ROWS and not P.want_weights
     cdef int64_t bq = BLOCK_QT if use_t else BLOCK_Q
     cdef int64_t nblk = (P.nrows + bq - 1) // bq
     cdef int64_t rows = P.nrows if P.nrows < bq else bq
     cdef int64_t units = P.nbatch * nblk
-    cdef int64_t nsplit = 1, chunk = P.Lk, u, b, blk, r0, nr, sp, kb, ke
+    cdef int64_t nsplit = 1, chunk = P.Lk, u, b, r0, nr
+    cdef int kind = UNIT_PLAIN
+    cdef int64_t total = units
     cdef int failed = 0
     cdef int *failed_p = &failed    # written through the pointer: shared by all threads
     cdef Workspace *ws              # assigned inside the parallel block: one per thread
@@ -1032,57 +1074,44 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
             fa_free(pl)
             raise MemoryError()
 
-    with nogil, parallel(num_threads=nthreads, use_threads_if=use_threads):
-        # Every thread must reach the worksharing loops below (OpenMP requires it),
-        # so a failed allocation only disables the thread's share of work.
-        ws = <Workspace *>fa_alloc(sizeof(Workspace))
-        if ws != NULL:
-            ws.arena = NULL
-        ws_ok = ws != NULL and workspace_alloc(ws, P, rows, sizeof(floating), use_t) == 0
-        if not ws_ok:
-            failed_p[0] = 1
-        if nsplit > 1:
-            for u in prange(units * nsplit, schedule='dynamic'):
-                sp = u // units
-                b = (u % units) // nblk
-                blk = u % nblk
-                r0 = blk * BLOCK_Q
-                nr = min(BLOCK_Q, P.nrows - r0)
-                kb = sp * chunk
-                ke = min(P.Lk, kb + chunk)
+    if nsplit > 1:
+        kind = UNIT_SPLIT
+        total = units * nsplit
+    elif use_t:
+        kind = UNIT_T
+    elif P.want_weights:
+        kind = UNIT_WEIGHTS
+    if not use_threads:
+        # Small problems: no OpenMP region at all (even a one-thread region is a
+        # runtime call with locking), one workspace on the calling thread.
+        with nogil:
+            ws = <Workspace *>fa_alloc(sizeof(Workspace))
+            if ws != NULL:
+                ws.arena = NULL
+            if ws == NULL or workspace_alloc(ws, P, rows, sizeof(floating), use_t) != 0:
+                failed = 1
+            else:
+                for u in range(total):
+                    do_unit(P, ws, u, kind, units, nblk, bq, rows, chunk, stride_split, stats, po, pm, pl)
+            if ws != NULL:
+                workspace_free(ws)
+                fa_free(ws)
+    else:
+        with nogil, parallel(num_threads=nthreads):
+            # Every thread must reach the worksharing loop below (OpenMP requires
+            # it), so a failed allocation only disables the thread's share of work.
+            ws = <Workspace *>fa_alloc(sizeof(Workspace))
+            if ws != NULL:
+                ws.arena = NULL
+            ws_ok = ws != NULL and workspace_alloc(ws, P, rows, sizeof(floating), use_t) == 0
+            if not ws_ok:
+                failed_p[0] = 1
+            for u in prange(total, schedule='dynamic'):
                 if ws_ok:
-                    run_unit(P, ws, b, r0, nr, kb, ke, MODE_PARTIAL, <floating *>NULL,
-                         po + (sp * stride_split + (u % units) * rows) * P.Dv,
-                         pm + sp * stride_split + (u % units) * rows,
-                         pl + sp * stride_split + (u % units) * rows)
-        elif use_t:
-            for u in prange(units, schedule='dynamic'):
-                b = u // nblk
-                r0 = (u % nblk) * bq
-                nr = min(bq, P.nrows - r0)
-                if ws_ok:
-                    run_unit_t(P, ws, b, r0, nr, dummy)
-        elif P.want_weights:
-            for u in prange(units, schedule='dynamic'):
-                b = u // nblk
-                r0 = (u % nblk) * BLOCK_Q
-                nr = min(BLOCK_Q, P.nrows - r0)
-                if ws_ok:
-                    run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_STATS, stats + u * rows,
-                         <floating *>NULL, <floating *>NULL, <double *>NULL)
-                    run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_WEIGHTS, stats + u * rows,
-                         <floating *>NULL, <floating *>NULL, <double *>NULL)
-        else:
-            for u in prange(units, schedule='dynamic'):
-                b = u // nblk
-                r0 = (u % nblk) * BLOCK_Q
-                nr = min(BLOCK_Q, P.nrows - r0)
-                if ws_ok:
-                    run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_ONLINE, <floating *>NULL,
-                         <floating *>NULL, <floating *>NULL, <double *>NULL)
-        if ws != NULL:
-            workspace_free(ws)
-            fa_free(ws)
+                    do_unit(P, ws, u, kind, units, nblk, bq, rows, chunk, stride_split, stats, po, pm, pl)
+            if ws != NULL:
+                workspace_free(ws)
+                fa_free(ws)
 
     if nsplit > 1 and not failed:
         with nogil:
