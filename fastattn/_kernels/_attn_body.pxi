@@ -55,9 +55,9 @@ cdef extern from "simd.h" nogil:
     void fa_pv_block_d(const double *p, int64_t ldp, const double *vp, int64_t ldv,
                        int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
     void fa_tqk_chunk_f(const float *k, int64_t ksr, int64_t ksc, const float *qt, int64_t ldq,
-                        int64_t D, float *st, int64_t lds, int64_t j0, int64_t j1)
+                        int64_t D, float *st, int64_t lds, int64_t j0, int64_t j1, float *mx)
     void fa_tqk_chunk_d(const double *k, int64_t ksr, int64_t ksc, const double *qt, int64_t ldq,
-                        int64_t D, double *st, int64_t lds, int64_t j0, int64_t j1)
+                        int64_t D, double *st, int64_t lds, int64_t j0, int64_t j1, double *mx)
     void fa_tpv_chunk_f(const float *v, int64_t vsr, int64_t vsc, int64_t Dv, const float *pt,
                         int64_t lds, int64_t j0, int64_t j1, float *ot, int64_t ldo)
     void fa_tpv_chunk_d(const double *v, int64_t vsr, int64_t vsc, int64_t Dv, const double *pt,
@@ -67,9 +67,9 @@ cdef extern from "simd.h" nogil:
     void fa_tmask_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                           const double *lo, const double *hi)
     void fa_tsoftmax_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, float *l,
-                             float *ot, int64_t ldo, int64_t Dv)
+                             float *ot, int64_t ldo, int64_t Dv, const float *mx)
     void fa_tsoftmax_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, double *m, double *l,
-                             double *ot, int64_t ldo, int64_t Dv)
+                             double *ot, int64_t ldo, int64_t Dv, const double *mx)
     void fa_qk_rows_f(const float *qp, int64_t ldq, int64_t nr, int64_t D, const float *k, int64_t ksr,
                       int64_t n, float *s, int64_t lds)
     void fa_qk_rows_d(const double *qp, int64_t ldq, int64_t nr, int64_t D, const double *k, int64_t ksr,
@@ -239,11 +239,12 @@ cdef inline void pv_block(const floating *p, int64_t ldp, const floating *vp, in
 
 
 cdef inline void tqk_chunk(const floating *k, int64_t ksr, int64_t ksc, const floating *qt, int64_t ldq,
-                           int64_t D, floating *st, int64_t lds, int64_t j0, int64_t j1) noexcept nogil:
+                           int64_t D, floating *st, int64_t lds, int64_t j0, int64_t j1,
+                           floating *mx) noexcept nogil:
     if floating is float:
-        fa_tqk_chunk_f(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1)
+        fa_tqk_chunk_f(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx)
     else:
-        fa_tqk_chunk_d(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1)
+        fa_tqk_chunk_d(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx)
 
 cdef inline void tpv_chunk(const floating *v, int64_t vsr, int64_t vsc, int64_t Dv, const floating *pt,
                            int64_t lds, int64_t j0, int64_t j1, floating *ot, int64_t ldo) noexcept nogil:
@@ -260,11 +261,12 @@ cdef inline void tmask_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, 
         fa_tmask_chunk_d(st, lds, j0, j1, t0, lo, hi)
 
 cdef inline void tsoftmax_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, floating *m,
-                                floating *l, floating *ot, int64_t ldo, int64_t Dv) noexcept nogil:
+                                floating *l, floating *ot, int64_t ldo, int64_t Dv,
+                                const floating *mx) noexcept nogil:
     if floating is float:
-        fa_tsoftmax_chunk_f(st, lds, j0, j1, m, l, ot, ldo, Dv)
+        fa_tsoftmax_chunk_f(st, lds, j0, j1, m, l, ot, ldo, Dv, mx)
     else:
-        fa_tsoftmax_chunk_d(st, lds, j0, j1, m, l, ot, ldo, Dv)
+        fa_tsoftmax_chunk_d(st, lds, j0, j1, m, l, ot, ldo, Dv, mx)
 
 cdef inline void qk_rows(const floating *qp, int64_t ldq, int64_t nr, int64_t D, const floating *k,
                          int64_t ksr, int64_t n, floating *s, int64_t lds) noexcept nogil:
@@ -323,6 +325,7 @@ cdef struct Workspace:
     void *lt        # ld                 running sum per query lane
     void *lof       # ld                 visible key range per lane, as floats
     void *hif       # ld
+    void *mxt       # chunk              max of the current tile per query lane
     void *mtb       # BLOCK_K x chunk    transposed boolean-mask block (bytes)
 
 
@@ -356,7 +359,7 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
     cdef int64_t ld = t_ld(item)
     ws.qp = ws.kt = ws.vp = ws.s = ws.o = ws.m = NULL
     ws.l = NULL
-    ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = ws.mtb = NULL
+    ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = ws.mtb = ws.mxt = NULL
     if use_t:
         ws.qt = carve(&cur, dk * ld * item)
         ws.st = carve(&cur, BLOCK_K * ld * item)
@@ -366,6 +369,7 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
         ws.lof = carve(&cur, ld * item)
         ws.hif = carve(&cur, ld * item)
         ws.mtb = carve(&cur, BLOCK_K * FA_T_NV * (FA_VBYTES // item))
+        ws.mxt = carve(&cur, FA_T_NV * (FA_VBYTES // item) * item)
     else:
         ws.qp = carve(&cur, R * dk * item)
         ws.kt = carve(&cur, round_up(BLOCK_K, FA_QK_NV * W) * dk * item)
@@ -826,6 +830,9 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     cdef floating *l = <floating *>ws.lt
     cdef floating *lof = <floating *>ws.lof
     cdef floating *hif = <floating *>ws.hif
+    cdef floating *mxt = <floating *>ws.mxt
+    cdef floating *mx
+    cdef int masked
     cdef const floating *qbase = (<const floating *>P.q.base) + batch_offset(P, &P.q, b)
     cdef const floating *kbase = (<const floating *>P.k.base) + batch_offset(P, &P.k, b)
     cdef const floating *vbase = (<const floating *>P.v.base) + batch_offset(P, &P.v, b)
@@ -899,13 +906,21 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
             j1 = min(t1, ch_hi[ch]) - t0
             if j0 >= j1:
                 continue
-            tqk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + ch * CH, ld, Dk, st + ch * CH, ld, j0, j1)
+            # scores left as computed (no options, no lane masked in this tile):
+            # the tile max comes out of the QK registers instead of a pass over St
+            masked = ch_lomax[ch] > t0 + j0 or ch_himin[ch] < t0 + j1
+            mx = NULL
+            if not needs_options and not masked:
+                mx = mxt
+                for i in range(CH):
+                    mx[i] = -INFINITY
+            tqk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + ch * CH, ld, Dk, st + ch * CH, ld, j0, j1, mx)
             if needs_options:
                 apply_score_options_t(P, ws, st + ch * CH, ld, j0, j1, t0, ch * CH,
                                       min(CH, nr - ch * CH), CH, b, r0, mbo, bbo)
-            if ch_lomax[ch] > t0 + j0 or ch_himin[ch] < t0 + j1:
+            if masked:
                 tmask_chunk(st + ch * CH, ld, j0, j1, t0, lof + ch * CH, hif + ch * CH)
-            tsoftmax_chunk(st + ch * CH, ld, j0, j1, m + ch * CH, l + ch * CH, ot + ch * CH, ld, Dv)
+            tsoftmax_chunk(st + ch * CH, ld, j0, j1, m + ch * CH, l + ch * CH, ot + ch * CH, ld, Dv, mx)
             if not vnf:
                 tpv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + ch * CH, ld, j0, j1, ot + ch * CH, ld)
             else:

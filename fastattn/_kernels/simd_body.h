@@ -445,7 +445,7 @@ static inline void FA_SFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, co
 /* St[r][chunk] = sum_d K[r][d] * Qt[d][chunk] for the first mr (constant) keys. */
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_tqk_micro)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *restrict qt, int64_t ldq,
-                     int64_t D, FA_T *restrict st, int64_t lds, const int mr)
+                     int64_t D, FA_T *restrict st, int64_t lds, FA_T *restrict mx, const int mr)
 {
     FA_V acc[FA_T_MR][FA_T_NV];
     const FA_T *kr[FA_T_MR];
@@ -466,17 +466,28 @@ FA_SFX(fa_tqk_micro)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *restri
     FA_UNROLL for (int r = 0; r < FA_T_MR; r++)
         if (r < mr)
             FA_UNROLL for (int v = 0; v < FA_T_NV; v++) FA_SFX(fa_store)(st + r * lds + v * FA_W, acc[r][v]);
+    if (mx) {
+        /* running max per lane while the scores are in registers (NaN scores are
+         * skipped here: they reach the row through its sum, see fa_tsoftmax_chunk) */
+        FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
+            FA_V m = FA_SFX(fa_load)(mx + v * FA_W);
+            FA_UNROLL for (int r = 0; r < FA_T_MR; r++)
+                if (r < mr) m = FA_SFX(FA_VMAX)(acc[r][v], m);
+            FA_SFX(fa_store)(mx + v * FA_W, m);
+        }
+    }
 }
 
-/* Rows [j0, j1) of St for one chunk: keys k + j*ksr. */
+/* Rows [j0, j1) of St for one chunk: keys k + j*ksr; with mx (FA_T_CHUNK lanes,
+ * -inf on entry) also the max over those rows per lane. */
 static inline void FA_SFX(fa_tqk_chunk)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *qt, int64_t ldq,
-                                        int64_t D, FA_T *st, int64_t lds, int64_t j0, int64_t j1)
+                                        int64_t D, FA_T *st, int64_t lds, int64_t j0, int64_t j1, FA_T *mx)
 {
     int64_t j = j0;
     for (; j + FA_T_MR <= j1; j += FA_T_MR)
-        FA_SFX(fa_tqk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, FA_T_MR);
+        FA_SFX(fa_tqk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, mx, FA_T_MR);
     switch (j1 - j) {
-#define FA_TQK_TAIL(R) case R: FA_SFX(fa_tqk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, R); break;
+#define FA_TQK_TAIL(R) case R: FA_SFX(fa_tqk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, mx, R); break;
     FA_TQK_TAIL(1) FA_TQK_TAIL(2) FA_TQK_TAIL(3) FA_TQK_TAIL(4) FA_TQK_TAIL(5)
 #if FA_T_MR > 6
     FA_TQK_TAIL(6) FA_TQK_TAIL(7)
@@ -581,30 +592,28 @@ static inline void FA_SFX(fa_tmask_bool_chunk)(FA_T *st, int64_t lds, int64_t j0
  * exp(m_old - m_new), St -> P = exp(St - m_new).  NaN propagates per lane; a lane
  * whose scores are all -inf so far keeps m = -inf, l = 0 and gets P = 0. */
 static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1,
-                                             FA_T *m, FA_T *l, FA_T *ot, int64_t ldo, int64_t Dv)
+                                             FA_T *m, FA_T *l, FA_T *ot, int64_t ldo, int64_t Dv,
+                                             const FA_T *mx)
 {
     const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
     FA_V alpha[FA_T_NV];
     FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
-        /* plain max chains, NaN lanes tracked apart (see fa_row_max) */
+        /* The tile max per lane (given in mx, or a pass over the tile) with plain
+         * max, which skips NaN scores: a NaN still makes its lane NaN, through
+         * exp(NaN - m) in the sum l and through P.V, exactly as a NaN max would. */
         FA_V mt0 = ninf, mt1 = ninf;
-        FA_VI bad = (FA_VI)FA_SFX(fa_set1)(0);
         int64_t j = j0;
-        for (; j + 2 <= j1; j += 2) {
-            const FA_V x0 = FA_SFX(fa_load)(st + j * lds + v * FA_W);
-            const FA_V x1 = FA_SFX(fa_load)(st + (j + 1) * lds + v * FA_W);
-            mt0 = FA_SFX(FA_VMAX)(mt0, x0);
-            mt1 = FA_SFX(FA_VMAX)(mt1, x1);
-            bad |= (x0 != x0) | (x1 != x1);
-        }
-        if (j < j1) {
-            const FA_V x0 = FA_SFX(fa_load)(st + j * lds + v * FA_W);
-            mt0 = FA_SFX(FA_VMAX)(mt0, x0);
-            bad |= x0 != x0;
+        if (mx) {
+            mt0 = FA_SFX(fa_load)(mx + v * FA_W);
+        } else {
+            for (; j + 2 <= j1; j += 2) {
+                mt0 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(st + j * lds + v * FA_W), mt0);
+                mt1 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(st + (j + 1) * lds + v * FA_W), mt1);
+            }
+            if (j < j1) mt0 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(st + j * lds + v * FA_W), mt0);
         }
         const FA_V mo = FA_SFX(fa_load)(m + v * FA_W);
-        const FA_V mn = FA_SFX(fa_select)(bad, FA_SFX(fa_set1)((FA_T)NAN),
-                                          FA_SFX(fa_vmax_nan)(FA_SFX(fa_vmax_nan)(mo, mt0), mt1));
+        const FA_V mn = FA_SFX(FA_VMAX)(FA_SFX(FA_VMAX)(mt0, mt1), mo);
         const FA_V mn_safe = FA_SFX(fa_select)(mn == ninf, FA_SFX(fa_set1)(0), mn);
         alpha[v] = FA_SFX(fa_vexp_nonpos)(mo - mn_safe);
         FA_V s0 = FA_SFX(fa_set1)(0), s1 = s0;
