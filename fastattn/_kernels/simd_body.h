@@ -30,15 +30,13 @@ static inline FA_V FA_SFX(fa_select)(FA_VI mask, FA_V a, FA_V b)
     return (FA_V)(((FA_VI)a & mask) | ((FA_VI)b & ~mask));
 }
 
-/* exp(x) lane-wise: x = n*ln2 + r, |r| <= ln2/2, exp(x) = 2^n * p(r).
- * n is rounded by adding 1.5*2^mantissa (its bits then hold n), 2^n is built
- * from exponent bits.  Polynomials: Cephes expf (float, < 1 ulp over the range)
- * and Taylor to degree 12 (double, truncation < 2e-16 relative). */
-static inline FA_V FA_SFX(fa_vexp)(FA_V x)
+/* 2^n * p(r) for x = n*ln2 + r, |r| <= ln2/2, x already inside the range where
+ * 2^n is a normal number (or NaN).  n is rounded by adding 1.5*2^mantissa (its
+ * bits then hold n), 2^n is built from exponent bits.  Polynomials: Cephes expf
+ * (float, < 1 ulp over the range) and Taylor to degree 12 (double, truncation
+ * < 2e-16 relative). */
+static inline FA_V FA_SFX(fa_exp_core)(FA_V xc)
 {
-    const FA_VI under = x < FA_EXP_LO;          /* includes -inf */
-    const FA_VI over = x > FA_EXP_HI;           /* includes +inf */
-    const FA_V xc = FA_SFX(fa_select)(under | over, FA_SFX(fa_set1)(0), x);   /* NaN stays NaN */
     const FA_V t = xc * (FA_T)1.44269504088896341 + FA_MAGIC;
     const FA_V n = t - FA_MAGIC;
 #ifdef FA_DOUBLE
@@ -71,7 +69,17 @@ static inline FA_V FA_SFX(fa_vexp)(FA_V x)
 #endif
     const FA_VI magic_bits = (FA_VI)FA_SFX(fa_set1)(FA_MAGIC);
     const FA_VI e = (((FA_VI)t - magic_bits) + FA_EXP_BIAS) << FA_MANT_BITS;
-    FA_V res = p * (FA_V)e;
+    return p * (FA_V)e;
+}
+
+/* exp(x) lane-wise: 0 below FA_EXP_LO (-inf included), +inf above FA_EXP_HI,
+ * NaN stays NaN. */
+static inline FA_V FA_SFX(fa_vexp)(FA_V x)
+{
+    const FA_VI under = x < FA_EXP_LO;          /* includes -inf */
+    const FA_VI over = x > FA_EXP_HI;           /* includes +inf */
+    const FA_V xc = FA_SFX(fa_select)(under | over, FA_SFX(fa_set1)(0), x);   /* NaN stays NaN */
+    FA_V res = FA_SFX(fa_exp_core)(xc);
     res = FA_SFX(fa_select)(under, FA_SFX(fa_set1)(0), res);
     res = FA_SFX(fa_select)(over, FA_SFX(fa_set1)((FA_T)INFINITY), res);
     return res;
@@ -87,39 +95,7 @@ static inline FA_V FA_SFX(fa_vexp_nonpos)(FA_V x)
     const FA_VI under = x < FA_EXP_LO;          /* includes -inf */
     const FA_V xc = FA_SFX(FA_VMIN)(FA_SFX(fa_set1)(FA_EXP_HI),
                                     FA_SFX(FA_VMAX)(FA_SFX(fa_set1)(FA_EXP_LO), x));
-    const FA_V t = xc * (FA_T)1.44269504088896341 + FA_MAGIC;
-    const FA_V n = t - FA_MAGIC;
-#ifdef FA_DOUBLE
-    FA_V r = xc - n * 6.93145751953125E-1;
-    r = r - n * 1.42860682030941723212E-6;
-    FA_V p = FA_SFX(fa_set1)(1.0 / 479001600.0);
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-#else
-    FA_V r = xc - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    const FA_V z = r * r;
-    FA_V p = FA_SFX(fa_set1)(1.9875691500E-4f);
-    p = p * r + 1.3981999507E-3f;
-    p = p * r + 8.3334519073E-3f;
-    p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f;
-    p = p * r + 5.0000001201E-1f;
-    p = p * z + r + 1.0f;
-#endif
-    const FA_VI magic_bits = (FA_VI)FA_SFX(fa_set1)(FA_MAGIC);
-    const FA_VI e = (((FA_VI)t - magic_bits) + FA_EXP_BIAS) << FA_MANT_BITS;
-    return (FA_V)((FA_VI)(p * (FA_V)e) & ~under);
+    return (FA_V)((FA_VI)FA_SFX(fa_exp_core)(xc) & ~under);
 }
 
 /* Load the first n (< W) lanes, the rest filled with `fill`. */
