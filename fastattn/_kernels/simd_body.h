@@ -113,18 +113,6 @@ static inline void FA_SFX(fa_store_part)(FA_T *p, FA_V v, int64_t n)
     for (int64_t i = 0; i < n; i++) p[i] = tmp[i];
 }
 
-/* NaN-propagating lane-wise max: a NaN anywhere in the row makes the row max NaN,
- * so the row's softmax comes out NaN instead of silently dropping the NaN. */
-static inline FA_V FA_SFX(fa_vmax_nan)(FA_V m, FA_V x)
-{
-    return FA_SFX(fa_select)((x > m) | (x != x), x, m);
-}
-
-static inline FA_T FA_SFX(fa_max_nan)(FA_T m, FA_T x)
-{
-    return (x > m || x != x) ? x : m;
-}
-
 /* max(x[0:n]) with NaN propagation; -inf for n == 0.  Four max chains (one
  * instruction each on x86) and NaN tracked apart by OR-ing x != x. */
 static inline FA_T FA_SFX(fa_row_max)(const FA_T *x, int64_t n)
