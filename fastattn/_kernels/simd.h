@@ -75,6 +75,12 @@
 #ifndef FA_PF_BYTES
 #  define FA_PF_BYTES 3072   /* software prefetch distance of the row-streaming loops */
 #endif
+#ifndef FA_RESCALE_SLACK
+/* query-vectorised online softmax: the running reference max moves only when a
+ * tile's max exceeds it by more than this, so probabilities stay <= e^4 ~ 55
+ * (l and Ot grow by at most that factor) and most tiles skip the Ot rescale */
+#  define FA_RESCALE_SLACK 4
+#endif
 #ifndef FA_PF_LOC
 #  define FA_PF_LOC 3        /* __builtin_prefetch locality: 3 = prefetcht0 */
 #endif

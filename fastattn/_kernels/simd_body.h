@@ -551,16 +551,22 @@ static inline void FA_SFX(fa_tmask_bool_chunk)(FA_T *st, int64_t lds, int64_t j0
     }
 }
 
-/* Online softmax update of one chunk over rows [j0, j1) of St: new running max m,
- * rescale of the running sum l and of the accumulator Ot (Dv rows) by
- * exp(m_old - m_new), St -> P = exp(St - m_new).  NaN propagates per lane; a lane
- * whose scores are all -inf so far keeps m = -inf, l = 0 and gets P = 0. */
+/* Online softmax update of one chunk over rows [j0, j1) of St: running
+ * reference m, rescale of the running sum l and of the accumulator Ot (Dv rows)
+ * by exp(m_old - m_new), St -> P = exp(St - m_new).  NaN propagates per lane; a
+ * lane whose scores are all -inf so far keeps m = -inf, l = 0 and gets P = 0.
+ *
+ * Lazy rescale: m is the first finite max of the lane and moves only when a
+ * tile's max exceeds it by more than FA_RESCALE_SLACK, so P <= exp(slack) and
+ * the result is the same softmax (any reference cancels in Ot / l).  Once the
+ * lanes settle, alpha is exactly 1 and the pass over Ot is skipped. */
 static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1,
                                              FA_T *m, FA_T *l, FA_T *ot, int64_t ldo, int64_t Dv,
                                              const FA_T *mx)
 {
     const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
     FA_V alpha[FA_T_NV];
+    FA_VI moved = (FA_VI)FA_SFX(fa_set1)(0);
     FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
         /* The tile max per lane (given in mx, or a pass over the tile) with plain
          * max, which skips NaN scores: a NaN still makes its lane NaN, through
@@ -577,7 +583,10 @@ static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, 
             if (j < j1) mt0 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(st + j * lds + v * FA_W), mt0);
         }
         const FA_V mo = FA_SFX(fa_load)(m + v * FA_W);
-        const FA_V mn = FA_SFX(FA_VMAX)(FA_SFX(FA_VMAX)(mt0, mt1), mo);
+        const FA_V mt = FA_SFX(FA_VMAX)(mt0, mt1);
+        /* mo = -inf: -inf + slack is -inf, any finite or +inf max moves it */
+        const FA_V mn = FA_SFX(fa_select)(mt > mo + (FA_T)FA_RESCALE_SLACK, mt, mo);
+        moved |= mn != mo;
         const FA_V mn_safe = FA_SFX(fa_select)(mn == ninf, FA_SFX(fa_set1)(0), mn);
         alpha[v] = FA_SFX(fa_vexp_nonpos)(mo - mn_safe);
         FA_V s0 = FA_SFX(fa_set1)(0), s1 = s0;
@@ -599,6 +608,12 @@ static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, 
         FA_SFX(fa_store)(l + v * FA_W, FA_SFX(fa_load)(l + v * FA_W) * alpha[v] + (s0 + s1));
         FA_SFX(fa_store)(m + v * FA_W, mn);
     }
+    /* no lane moved: every alpha is exp(0) = 1 exactly, or exp(-inf) = 0 for a
+     * lane still at -inf, whose Ot holds only 0 * v terms and whose l is 0 (its
+     * output is written as zeros) -- the multiply would change nothing */
+    int any = 0;
+    for (int i = 0; i < FA_W; i++) any |= moved[i] != 0;
+    if (!any) return;
     for (int64_t c = 0; c < Dv; c++)
         FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
             FA_T *p = ot + c * ldo + v * FA_W;
