@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from fa_testutil import assert_close, compute_dtype, randn, reference as R
+from fa_testutil import assert_close, compute_dtype, randn, reference as R, tol_for
 
 FLOATS = [np.float32, np.float64]
 
@@ -536,6 +536,31 @@ def test_nonfinite_scores_many_rows(case, opts, dtype, rng):
         got, want = (got,), (want,)
     for g, w in zip(got, want):
         assert_close(g, w, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rise", [0.0, 2.0, 30.0, -30.0, 300.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_running_max_drift(rise, causal, dtype, rng):
+    """Scores that climb (or fall) steadily across the key tiles: the running max
+    of the query-vectorised path moves in every tile, in some, or never (it is
+    kept until a tile's max exceeds it by a slack).  Output and lse must match the
+    reference whatever the drift: total rises far below the slack, rises that move
+    it every few keys, and scores that peak in the first tile."""
+    Lq, Lk, D = 40, 700, 16
+    q = randn(rng, (1, 2, Lq, D), dtype)
+    k = randn(rng, (1, 2, Lk, D), dtype)
+    v = randn(rng, (1, 2, Lk, 8), dtype)
+    # a component every query sees: score_j = rise * j / Lk + N(0, 1) noise
+    q[..., 0] = np.sqrt(D)
+    k[..., 0] = rise * np.arange(Lk) / Lk
+    got, lse = fastattn.attention(q, k, v, causal=causal, return_lse=True)
+    want, want_lse = R.attention(q, k, v, causal=causal, return_lse=True)
+    # the inputs are rounded to dtype, so scores of size |rise| carry an error of
+    # ~|rise| * eps that the softmax passes on: scale the tolerance with it
+    tol = tol_for(dtype) * max(1.0, abs(rise) / 8)
+    assert_close(got, want, dtype, tol=tol)
+    assert_close(lse, want_lse, dtype, tol=tol)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
