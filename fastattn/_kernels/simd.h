@@ -146,6 +146,7 @@ typedef int32_t fa_vi_f __attribute__((vector_size(FA_VBYTES)));
 #define FA_VI fa_vi_f
 #define FA_EXP_LO (-87.3f)            /* below: result < smallest normal, returned as 0 */
 #define FA_EXP_HI (88.37f)            /* above: returned as +inf (true overflow from 88.72) */
+#define FA_EXP_ZERO (-88.0f)          /* rounds to n = -127: 2^n built as +0 */
 #define FA_MAGIC 12582912.0f          /* 1.5 * 2^23: adding it rounds to an integer */
 #define FA_MANT_BITS 23
 #define FA_EXP_BIAS 127
@@ -156,6 +157,7 @@ typedef int32_t fa_vi_f __attribute__((vector_size(FA_VBYTES)));
 #undef FA_VI
 #undef FA_EXP_LO
 #undef FA_EXP_HI
+#undef FA_EXP_ZERO
 #undef FA_MAGIC
 #undef FA_MANT_BITS
 #undef FA_EXP_BIAS
@@ -169,6 +171,7 @@ typedef int64_t fa_vi_d __attribute__((vector_size(FA_VBYTES)));
 #define FA_VI fa_vi_d
 #define FA_EXP_LO (-708.0)
 #define FA_EXP_HI (709.0)
+#define FA_EXP_ZERO (-709.0)          /* rounds to n = -1023: 2^n built as +0 */
 #define FA_MAGIC 6755399441055744.0   /* 1.5 * 2^52 */
 #define FA_MANT_BITS 52
 #define FA_EXP_BIAS 1023
@@ -181,6 +184,7 @@ typedef int64_t fa_vi_d __attribute__((vector_size(FA_VBYTES)));
 #undef FA_VI
 #undef FA_EXP_LO
 #undef FA_EXP_HI
+#undef FA_EXP_ZERO
 #undef FA_MAGIC
 #undef FA_MANT_BITS
 #undef FA_EXP_BIAS

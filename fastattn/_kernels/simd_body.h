@@ -30,15 +30,15 @@ static inline FA_V FA_SFX(fa_select)(FA_VI mask, FA_V a, FA_V b)
     return (FA_V)(((FA_VI)a & mask) | ((FA_VI)b & ~mask));
 }
 
-/* 2^n * p(r) for x = n*ln2 + r, |r| <= ln2/2, x already inside the range where
- * 2^n is a normal number (or NaN).  n is rounded by adding 1.5*2^mantissa (its
- * bits then hold n), 2^n is built from exponent bits.  Polynomials: Cephes expf
- * (float, < 1 ulp over the range) and Taylor to degree 12 (double, truncation
- * < 2e-16 relative). */
+/* 2^n * p(r) for x = n*ln2 + r, |r| <= ln2/2, with n + bias in [0, 2*bias]
+ * (or x NaN).  n is rounded by adding 1.5*2^mantissa + bias, whose low mantissa
+ * bits then hold n + bias: shifted into the exponent field they are 2^n, or
+ * +0 for n = -bias.  Polynomials: Cephes expf (float, < 1 ulp over the range)
+ * and Taylor to degree 12 (double, truncation < 2e-16 relative). */
 static inline FA_V FA_SFX(fa_exp_core)(FA_V xc)
 {
-    const FA_V t = xc * (FA_T)1.44269504088896341 + FA_MAGIC;
-    const FA_V n = t - FA_MAGIC;
+    const FA_V t = xc * (FA_T)1.44269504088896341 + (FA_MAGIC + FA_EXP_BIAS);
+    const FA_V n = t - (FA_MAGIC + FA_EXP_BIAS);
 #ifdef FA_DOUBLE
     FA_V r = xc - n * 6.93145751953125E-1;
     r = r - n * 1.42860682030941723212E-6;
@@ -67,9 +67,7 @@ static inline FA_V FA_SFX(fa_exp_core)(FA_V xc)
     p = p * r + 5.0000001201E-1f;
     p = p * z + r + 1.0f;
 #endif
-    const FA_VI magic_bits = (FA_VI)FA_SFX(fa_set1)(FA_MAGIC);
-    const FA_VI e = (((FA_VI)t - magic_bits) + FA_EXP_BIAS) << FA_MANT_BITS;
-    return p * (FA_V)e;
+    return p * (FA_V)((FA_VI)t << FA_MANT_BITS);
 }
 
 /* exp(x) lane-wise: 0 below FA_EXP_LO (-inf included), +inf above FA_EXP_HI,
@@ -85,17 +83,15 @@ static inline FA_V FA_SFX(fa_vexp)(FA_V x)
     return res;
 }
 
-/* exp(x) for the softmax arguments x - max (<= 0, -inf or NaN): the same
- * result as fa_vexp wherever x <= FA_EXP_HI, with fewer instructions (the
- * range is clamped with min/max instead of selects; both pass NaN through as
- * their second operand).  Arguments above FA_EXP_HI, which a max-subtracted score
- * never is, would saturate at exp(FA_EXP_HI) instead of becoming +inf. */
+/* exp(x) for the softmax arguments x - max (<= 0, -inf or NaN; at most
+ * FA_EXP_HI): one max clamps at FA_EXP_ZERO, where 2^n is +0 exactly, so -inf
+ * and everything below gives 0 and NaN passes through (the max's second
+ * operand).  Unlike fa_vexp, results between FA_EXP_ZERO and FA_EXP_LO are
+ * exp(x) as a subnormal (or 0) instead of 0; arguments above FA_EXP_HI, which a
+ * max-subtracted score never is, are not allowed. */
 static inline FA_V FA_SFX(fa_vexp_nonpos)(FA_V x)
 {
-    const FA_VI under = x < FA_EXP_LO;          /* includes -inf */
-    const FA_V xc = FA_SFX(FA_VMIN)(FA_SFX(fa_set1)(FA_EXP_HI),
-                                    FA_SFX(FA_VMAX)(FA_SFX(fa_set1)(FA_EXP_LO), x));
-    return (FA_V)((FA_VI)FA_SFX(fa_exp_core)(xc) & ~under);
+    return FA_SFX(fa_exp_core)(FA_SFX(FA_VMAX)(FA_SFX(fa_set1)(FA_EXP_ZERO), x));
 }
 
 /* Load the first n (< W) lanes, the rest filled with `fill`. */
