@@ -117,6 +117,38 @@ def test_inf_nan_poison_only_their_row(dtype, bad, rng):
     assert not np.isnan(np.delete(got, [7, 49], axis=1)).any()
 
 
+@pytest.mark.parametrize("name", list(FUNCS))
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_special_rows_match_reference(name, dtype):
+    """Rows built from -inf, NaN, +inf and a few finite values, with the special
+    values in the vector body and in the tail (length 100): every output, NaN
+    positions included, is what the reference gives."""
+    n = 100
+    rows = []
+    for pos in (0, 37, 63, 64, 95, 99):
+        r = np.full(n, -np.inf)
+        r[pos] = np.nan
+        rows.append(r)                       # NaN among -inf only
+        r = np.linspace(-3.0, 2.0, n)
+        r[pos] = np.nan
+        rows.append(r)                       # NaN among finite values
+        r = np.linspace(-3.0, 2.0, n)
+        r[pos] = np.inf
+        rows.append(r)                       # +inf among finite values
+        r = np.full(n, -np.inf)
+        r[pos] = 1.5
+        rows.append(r)                       # one finite value among -inf
+    rows.append(np.full(n, np.nan))
+    rows.append(np.full(n, -np.inf))
+    r = np.full(n, -np.inf)
+    r[[3, 80]] = [np.nan, np.inf]
+    rows.append(r)
+    x = np.array(rows, dtype=dtype)
+    fast, ref = FUNCS[name]
+    assert_close(fast(x), ref(x), dtype)
+    assert_close(fast(x, axis=0), ref(x, axis=0), dtype)
+
+
 def test_single_element_rows():
     x = np.array([[3.0], [-np.inf], [np.nan], [np.inf]])
     sm = fastattn.softmax(x)

@@ -38,6 +38,8 @@ cdef extern from "simd.h" nogil:
     void fa_free(void *p)
     float fa_row_max_f(const float *x, int64_t n)
     double fa_row_max_d(const double *x, int64_t n)
+    float fa_row_max_nonan_f(const float *x, int64_t n)
+    double fa_row_max_nonan_d(const double *x, int64_t n)
     float fa_row_exp_sum_f(const float *x, float *y, int64_t n, float m)
     double fa_row_exp_sum_d(const double *x, double *y, int64_t n, double m)
     void fa_row_scale_f(const float *x, float *y, int64_t n, float a)
@@ -192,6 +194,12 @@ cdef inline floating row_max(const floating *x, int64_t n) noexcept nogil:
         return fa_row_max_f(x, n)
     else:
         return fa_row_max_d(x, n)
+
+cdef inline floating row_max_nonan(const floating *x, int64_t n) noexcept nogil:
+    if floating is float:
+        return fa_row_max_nonan_f(x, n)
+    else:
+        return fa_row_max_nonan_d(x, n)
 
 cdef inline floating row_exp_sum(const floating *x, floating *y, int64_t n, floating m) noexcept nogil:
     if floating is float:
@@ -1309,7 +1317,12 @@ def attention_fast(q, k, v, scale, bint causal, num_threads):
 
 cdef void softmax_row(const floating *x, floating *y, int64_t n, int log_mode) noexcept nogil:
     """y = softmax(x) (or log_softmax) of one contiguous row; x and y must not alias."""
-    cdef floating m = row_max(x, n)
+    # the max skips NaN: a NaN element still makes the whole row NaN, through
+    # exp(NaN - m) in the sum s.  Only a row with no other value than -inf needs
+    # the NaN-aware max (all -inf gives zeros, any NaN gives NaN).
+    cdef floating m = row_max_nonan(x, n)
+    if m == -INFINITY:
+        m = row_max(x, n)
     cdef floating s
     cdef int64_t j
     if m == -INFINITY:

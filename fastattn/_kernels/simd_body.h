@@ -144,6 +144,28 @@ static inline FA_T FA_SFX(fa_row_max)(const FA_T *x, int64_t n)
     return m;
 }
 
+/* max over the non-NaN elements of x[0:n] (-inf if there are none): four plain
+ * max chains, one instruction per vector.  For a softmax whose NaN reaches
+ * every output through the sum anyway; fa_row_max when NaN must show in m. */
+static inline FA_T FA_SFX(fa_row_max_nonan)(const FA_T *x, int64_t n)
+{
+    FA_V m0 = FA_SFX(fa_set1)(-(FA_T)INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    int64_t j = 0;
+    for (; j + 4 * FA_W <= n; j += 4 * FA_W) {
+        /* the load as second operand: a NaN element leaves the chain unchanged */
+        m0 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(x + j), m0);
+        m1 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(x + j + FA_W), m1);
+        m2 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(x + j + 2 * FA_W), m2);
+        m3 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(x + j + 3 * FA_W), m3);
+    }
+    for (; j + FA_W <= n; j += FA_W) m0 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(x + j), m0);
+    if (j < n) m1 = FA_SFX(FA_VMAX)(FA_SFX(fa_load_part)(x + j, n - j, -(FA_T)INFINITY), m1);
+    m0 = FA_SFX(FA_VMAX)(FA_SFX(FA_VMAX)(m0, m1), FA_SFX(FA_VMAX)(m2, m3));
+    FA_T m = -(FA_T)INFINITY;
+    for (int i = 0; i < FA_W; i++) m = m0[i] > m ? m0[i] : m;
+    return m;
+}
+
 /* y[j] = exp(x[j] - m) for j < n (x and y may be the same row); returns the sum. */
 static inline FA_T FA_SFX(fa_row_exp_sum)(const FA_T *x, FA_T *y, int64_t n, FA_T m)
 {
