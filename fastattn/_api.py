@@ -327,7 +327,16 @@ def _softmax(x, axis, out, num_threads, log_mode, fname):
         axis = np.lib.array_utils.normalize_axis_index(operator.index(axis), x.ndim)
         direct = out is not None and odt == cdt and out.flags.aligned
         res = out if direct else np.empty(x.shape, dtype=cdt)
-        _K.softmax_forward(np.moveaxis(xc, axis, -1), np.moveaxis(res, axis, -1), log_mode, nthreads)
+        inner = math.prod(x.shape[axis + 1:])
+        if axis == x.ndim - 1:
+            _K.softmax_forward(xc, res, log_mode, nthreads)
+        elif inner >= 8 and xc.flags.c_contiguous and res.flags.c_contiguous:
+            # a strided axis over a contiguous remainder: vector lanes run along
+            # the remainder (no per-row gather)
+            shape3 = (math.prod(x.shape[:axis]), x.shape[axis], inner)
+            _K.softmax_cols_forward(xc.reshape(shape3), res.reshape(shape3), log_mode, nthreads)
+        else:
+            _K.softmax_forward(np.moveaxis(xc, axis, -1), np.moveaxis(res, axis, -1), log_mode, nthreads)
         if direct:
             return out
     if out is not None:
@@ -343,6 +352,11 @@ def softmax(x, axis=-1, *, out=None, num_threads=None):
     in that slice only.  float32/float64 are computed natively, float16 in
     float32, integers and bools in float64.
     """
+    if out is None and type(axis) is int and axis == -1:
+        # the plain call, checked and run in compiled code (None: take the general path)
+        result = _K.softmax_fast(x, False, num_threads)
+        if result is not None:
+            return result
     return _softmax(x, axis, out, num_threads, False, "softmax")
 
 
@@ -351,6 +365,10 @@ def log_softmax(x, axis=-1, *, out=None, num_threads=None):
 
     A slice that is entirely -inf gives -inf; +inf or NaN gives NaN.
     """
+    if out is None and type(axis) is int and axis == -1:
+        result = _K.softmax_fast(x, True, num_threads)
+        if result is not None:
+            return result
     return _softmax(x, axis, out, num_threads, True, "log_softmax")
 
 

@@ -40,6 +40,12 @@ cdef extern from "simd.h" nogil:
     double fa_row_max_d(const double *x, int64_t n)
     float fa_row_max_nonan_f(const float *x, int64_t n)
     double fa_row_max_nonan_d(const double *x, int64_t n)
+    void fa_col_softmax_chunk_f(const float *x, int64_t sx, float *y, int64_t sy, int64_t n, int log_mode)
+    void fa_col_softmax_chunk_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
+    void fa_col_softmax_vec_f(const float *x, int64_t sx, float *y, int64_t sy, int64_t n, int log_mode)
+    void fa_col_softmax_vec_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
+    void fa_col_softmax_scalar_f(const float *x, int64_t sx, float *y, int64_t sy, int64_t n, int log_mode)
+    void fa_col_softmax_scalar_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
     float fa_row_exp_sum_f(const float *x, float *y, int64_t n, float m)
     double fa_row_exp_sum_d(const double *x, double *y, int64_t n, double m)
     void fa_row_scale_f(const float *x, float *y, int64_t n, float a)
@@ -98,6 +104,7 @@ cdef enum:
     T_MIN_ROWS = 16      # fewer query rows than this: the row-major path
     BLOCK_K = 64         # keys per tile (a multiple of every QK panel width)
     PARALLEL_MIN_WORK = 200000  # smaller problems run on the calling thread alone
+    SOFTMAX_PARALLEL_MIN = 32768  # elements; softmax of fewer runs on the calling thread
     SPLIT_TARGET = 32    # split the key range when fewer units than this ...
     SPLIT_MIN_KEYS = 512 # ... into chunks of at least this many keys
     CAUSAL_NONE = 0
@@ -1345,13 +1352,36 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
     cdef int64_t units = (P.nbatch + rows_per_unit - 1) // rows_per_unit
     cdef int64_t u, r, j
     cdef int contiguous = P.q.sc == 1 and P.o.sc == 1
-    cdef int use_threads = nthreads > 1 and P.nbatch * n > 32768
+    cdef int use_threads = nthreads > 1 and P.nbatch * n > SOFTMAX_PARALLEL_MIN
     cdef floating *buf = NULL
     cdef const floating *x
     cdef floating *y
     cdef int failed = 0
     cdef int *failed_p = &failed
-    with nogil, parallel(num_threads=nthreads, use_threads_if=use_threads):
+    if not use_threads:
+        # no OpenMP region at all for small inputs (see attention_run)
+        with nogil:
+            if not contiguous:
+                buf = <floating *>fa_alloc(2 * (n if n > 0 else 1) * sizeof(floating))
+                if buf == NULL:
+                    failed = 1
+            if not failed:
+                for r in range(P.nbatch):
+                    x = (<const floating *>P.q.base) + batch_offset(P, &P.q, r)
+                    y = (<floating *>P.o.base) + batch_offset(P, &P.o, r)
+                    if contiguous:
+                        softmax_row(x, y, n, log_mode)
+                    else:
+                        for j in range(n):
+                            buf[j] = x[j * P.q.sc]
+                        softmax_row(buf, buf + n, n, log_mode)
+                        for j in range(n):
+                            y[j * P.o.sc] = buf[n + j]
+            fa_free(buf)
+        if failed:
+            raise MemoryError("fastattn: could not allocate the softmax row buffer")
+        return 0
+    with nogil, parallel(num_threads=nthreads):
         buf = NULL
         if not contiguous:
             # two rows: the gathered input and the result (softmax_row needs both)
@@ -1374,6 +1404,101 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
     if failed:
         raise MemoryError("fastattn: could not allocate the softmax row buffer")
     return 0
+
+
+cdef void cols_unit(const floating *x, int64_t xso, int64_t xsn, floating *y, int64_t yso, int64_t ysn,
+                    int64_t n, int64_t inner, int64_t nblk, int64_t u, int log_mode) noexcept nogil:
+    """Block u of a column softmax: outer index u // nblk, FA_T_NV vectors of
+    columns from (u % nblk) * chunk (fewer in the last block)."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t CW = FA_T_NV * W
+    cdef int64_t o = u // nblk
+    cdef int64_t c0 = (u % nblk) * CW
+    cdef int64_t w = min(CW, inner - c0), c = 0
+    cdef const floating *xb = x + o * xso + c0
+    cdef floating *yb = y + o * yso + c0
+    if w == CW:
+        if floating is float:
+            fa_col_softmax_chunk_f(xb, xsn, yb, ysn, n, log_mode)
+        else:
+            fa_col_softmax_chunk_d(xb, xsn, yb, ysn, n, log_mode)
+        return
+    while c + W <= w:
+        if floating is float:
+            fa_col_softmax_vec_f(xb + c, xsn, yb + c, ysn, n, log_mode)
+        else:
+            fa_col_softmax_vec_d(xb + c, xsn, yb + c, ysn, n, log_mode)
+        c += W
+    while c < w:
+        if floating is float:
+            fa_col_softmax_scalar_f(xb + c, xsn, yb + c, ysn, n, log_mode)
+        else:
+            fa_col_softmax_scalar_d(xb + c, xsn, yb + c, ysn, n, log_mode)
+        c += 1
+
+
+cdef int softmax_cols_run(const floating *x, int64_t xso, int64_t xsn, floating *y, int64_t yso, int64_t ysn,
+                          int64_t outer, int64_t n, int64_t inner, int log_mode, int nthreads) except -1:
+    cdef int64_t CW = FA_T_NV * (FA_VBYTES // sizeof(floating))
+    cdef int64_t nblk = (inner + CW - 1) // CW
+    cdef int64_t units = outer * nblk, u
+    cdef int use_threads = nthreads > 1 and units > 1 and outer * n * inner > SOFTMAX_PARALLEL_MIN
+    if not use_threads:
+        with nogil:
+            for u in range(units):
+                cols_unit(x, xso, xsn, y, yso, ysn, n, inner, nblk, u, log_mode)
+    else:
+        with nogil:
+            for u in prange(units, schedule='static', num_threads=nthreads):
+                cols_unit(x, xso, xsn, y, yso, ysn, n, inner, nblk, u, log_mode)
+    return 0
+
+
+def softmax_cols_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthreads):
+    """Softmax along axis 1 of 3-D x (outer, n, inner) into out of the same shape
+    and dtype (float32/float64); both need element stride 1 along the last axis
+    and item-multiple strides.  Lanes run over the last (contiguous) axis."""
+    cdef int64_t item = x.itemsize
+    if x.ndim != 3 or out.ndim != 3 or x.strides[2] != item or out.strides[2] != item:
+        raise ValueError("softmax_cols_forward: 3-D arrays with a contiguous last axis expected")
+    if x.strides[0] % item or x.strides[1] % item or out.strides[0] % item or out.strides[1] % item:
+        raise ValueError("softmax_cols_forward: strides must be multiples of the item size")
+    if x.size == 0:
+        return out
+    if x.dtype.num == cnp.NPY_FLOAT:
+        softmax_cols_run(<const float *>cnp.PyArray_DATA(x), x.strides[0] // item, x.strides[1] // item,
+                         <float *>cnp.PyArray_DATA(out), out.strides[0] // item, out.strides[1] // item,
+                         x.shape[0], x.shape[1], x.shape[2], log_mode, nthreads)
+    else:
+        softmax_cols_run(<const double *>cnp.PyArray_DATA(x), x.strides[0] // item, x.strides[1] // item,
+                         <double *>cnp.PyArray_DATA(out), out.strides[0] // item, out.strides[1] // item,
+                         x.shape[0], x.shape[1], x.shape[2], log_mode, nthreads)
+    return out
+
+
+def softmax_fast(x, bint log_mode, num_threads):
+    """softmax(x) / log_softmax(x) along the last axis, no ``out``, without Python
+    overhead: taken when x is an ndarray of a native float dtype (aligned,
+    item-multiple strides, at least one dimension).  Returns None for anything
+    else; the caller then takes the general path, which also produces the errors.
+    Small inputs run on the calling thread and never ask for a thread count."""
+    cdef cnp.ndarray xa, out
+    cdef int typenum, nthreads = 1
+    if num_threads is not None and (type(num_threads) is not int or not 1 <= num_threads <= 0x7fffffff):
+        return None
+    if type(x) is not cnp.ndarray:
+        return None
+    xa = x
+    typenum = cnp.PyArray_TYPE(xa)
+    if (typenum != cnp.NPY_FLOAT and typenum != cnp.NPY_DOUBLE) or xa.ndim < 1 or xa.ndim > MAXDIM + 1:
+        return None
+    if not plain_operand(xa, typenum):
+        return None
+    out = cnp.PyArray_EMPTY(xa.ndim, xa.shape, typenum, 0)
+    if cnp.PyArray_SIZE(xa) > SOFTMAX_PARALLEL_MIN:
+        nthreads = _thread_resolver(num_threads)
+    softmax_forward(xa, out, log_mode, nthreads)
+    return out
 
 
 def softmax_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthreads):
