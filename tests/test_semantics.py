@@ -539,6 +539,40 @@ def test_nonfinite_scores_many_rows(case, opts, dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("Dv", [8, 16, 24, 40])
+@pytest.mark.parametrize("layout", ["plain", "gqa", "out_transposed"])
+def test_output_rows_many_queries(Dv, layout, dtype, rng):
+    """The query-vectorised path writes its output rows through blocks
+    transposed in registers (one group, contiguous output rows) or element by
+    element (rows of two groups in one unit, strided output).  Partial blocks of
+    rows and columns, rows that see no key (whose accumulators hold NaN from an
+    inf value: the output must still be exactly 0), against the reference."""
+    Lq, Lk, Hq = 45, 90, 4
+    Hk = 2 if layout == "gqa" else Hq
+    q = randn(rng, (2, Hq, Lq, 16), dtype)
+    k = randn(rng, (2, Hk, Lk, 16), dtype)
+    v = randn(rng, (2, Hk, Lk, Dv), dtype)
+    empty = [0, 17, 44]
+    v[:, :, 5, :] = np.inf
+    mask = np.ones((Lq, Lk), bool)
+    mask[:, 5] = False                   # rows with keys never see the inf value ...
+    mask[empty, 5] = True                # ... the empty rows do, with weight exp(-inf) = 0,
+    bias = np.zeros((Lq, Lk), dtype)     # so their accumulators hold 0 * inf = NaN
+    bias[empty, :] = -np.inf
+    kw = dict(mask=mask, bias=bias)
+    want = R.attention(q, k, v, **kw)
+    if layout == "out_transposed":
+        buf = np.empty((2, Hq, Dv, Lq), dtype)
+        out = np.swapaxes(buf, -1, -2)   # element stride Lq along the output row
+        got = fastattn.attention(q, k, v, out=out, **kw)
+        assert got is out
+    else:
+        got = fastattn.attention(q, k, v, **kw)
+    assert_close(got, want, dtype)
+    np.testing.assert_array_equal(got[:, :, empty, :], 0.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rise", [0.0, 2.0, 30.0, -30.0, 300.0])
 @pytest.mark.parametrize("causal", [False, True])
 def test_running_max_drift(rise, causal, dtype, rng):

@@ -46,6 +46,8 @@ cdef extern from "simd.h" nogil:
     void fa_col_softmax_vec_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
     void fa_col_softmax_scalar_f(const float *x, int64_t sx, float *y, int64_t sy, int64_t n, int log_mode)
     void fa_col_softmax_scalar_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
+    void fa_tout_rows_f(const float *ot, int64_t ldo, int64_t nr, int64_t Dv, const float *inv, float *o, int64_t sor)
+    void fa_tout_rows_d(const double *ot, int64_t ldo, int64_t nr, int64_t Dv, const double *inv, double *o, int64_t sor)
     float fa_row_exp_sum_f(const float *x, float *y, int64_t n, float m)
     double fa_row_exp_sum_d(const double *x, double *y, int64_t n, double m)
     void fa_row_scale_f(const float *x, float *y, int64_t n, float a)
@@ -207,6 +209,13 @@ cdef inline floating row_max_nonan(const floating *x, int64_t n) noexcept nogil:
         return fa_row_max_nonan_f(x, n)
     else:
         return fa_row_max_nonan_d(x, n)
+
+cdef inline void tout_rows(const floating *ot, int64_t ldo, int64_t nr, int64_t Dv, const floating *inv,
+                           floating *o, int64_t sor) noexcept nogil:
+    if floating is float:
+        fa_tout_rows_f(ot, ldo, nr, Dv, inv, o, sor)
+    else:
+        fa_tout_rows_d(ot, ldo, nr, Dv, inv, o, sor)
 
 cdef inline floating row_exp_sum(const floating *x, floating *y, int64_t n, floating m) noexcept nogil:
     if floating is float:
@@ -956,18 +965,35 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                             ot[c * ld + i] += p * src[c * P.v.sc]
         t0 = t1
 
-    for i in range(nr):
-        grp = ws.goff[i]
-        pos = r0 + i - grp * P.Lq
-        orow = obase + grp * P.o.sg + pos * P.o.sr
-        if l[i] > 0 or l[i] != l[i]:
-            inv = 1 / l[i]
-            for c in range(Dv):
-                orow[c * P.o.sc] = ot[c * ld + i] * inv
-        else:
-            for c in range(Dv):
-                orow[c * P.o.sc] = 0
-        if P.want_lse:
+    # Ot / l into the output rows (zeros for a row that saw no key).  Rows of
+    # one group with contiguous elements are equally spaced: blocks transposed
+    # in registers; otherwise one strided element at a time.
+    if P.o.sc == 1 and ws.goff[0] == ws.goff[nr - 1]:
+        for i in range(nr):
+            lof[i] = 1 / l[i] if l[i] > 0 or l[i] != l[i] else 0
+        grp = ws.goff[0]
+        tout_rows(ot, ld, nr, Dv, lof, obase + grp * P.o.sg + (r0 - grp * P.Lq) * P.o.sr, P.o.sr)
+        for i in range(nr):
+            if not (l[i] > 0 or l[i] != l[i]):
+                orow = obase + grp * P.o.sg + (r0 + i - grp * P.Lq) * P.o.sr
+                for c in range(Dv):
+                    orow[c] = 0
+    else:
+        for i in range(nr):
+            grp = ws.goff[i]
+            pos = r0 + i - grp * P.Lq
+            orow = obase + grp * P.o.sg + pos * P.o.sr
+            if l[i] > 0 or l[i] != l[i]:
+                inv = 1 / l[i]
+                for c in range(Dv):
+                    orow[c * P.o.sc] = ot[c * ld + i] * inv
+            else:
+                for c in range(Dv):
+                    orow[c * P.o.sc] = 0
+    if P.want_lse:
+        for i in range(nr):
+            grp = ws.goff[i]
+            pos = r0 + i - grp * P.Lq
             lse_i = <floating>(m[i] + log(l[i])) if l[i] > 0 or l[i] != l[i] else -INFINITY
             (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
 

@@ -295,6 +295,58 @@ static inline void FA_SFX(fa_col_softmax_scalar)(const FA_T *x, int64_t sx, FA_T
     }
 }
 
+/* In-register transpose of a W x W block: r[a][c] -> r[c][a].  At each level h
+ * the off-diagonal h x h blocks of every 2h x 2h block swap (two two-source
+ * shuffles per row pair, vpermt2ps on AVX-512).  GCC only; others get
+ * FA_HAVE_TRANSPOSE 0 and callers use scalar code. */
+#if defined(__GNUC__) && !defined(__clang__)
+#  define FA_HAVE_TRANSPOSE 1
+static inline __attribute__((always_inline)) void FA_SFX(fa_transpose)(FA_V *r)
+{
+    FA_UNROLL for (int h = FA_W / 2; h >= 1; h /= 2) {
+        FA_VI ma, mb;
+        FA_UNROLL for (int c = 0; c < FA_W; c++) {
+            ma[c] = (c & h) ? FA_W + c - h : c;
+            mb[c] = (c & h) ? FA_W + c : c + h;
+        }
+        FA_UNROLL for (int a = 0; a < FA_W; a++)
+            if (!(a & h)) {
+                const FA_V A = r[a], B = r[a + h];
+                r[a] = __builtin_shuffle(A, B, ma);
+                r[a + h] = __builtin_shuffle(A, B, mb);
+            }
+    }
+}
+#else
+#  define FA_HAVE_TRANSPOSE 0
+#endif
+
+/* Output rows of the query-vectorised path: o[i * sor + c] = Ot[c][i] * inv[i]
+ * for i < nr, c < Dv (output elements contiguous).  Whole W x W blocks go
+ * through registers (W contiguous loads, a transpose, W contiguous stores)
+ * instead of W*W strided scalar reads. */
+static inline void FA_SFX(fa_tout_rows)(const FA_T *ot, int64_t ldo, int64_t nr, int64_t Dv,
+                                        const FA_T *inv, FA_T *o, int64_t sor)
+{
+    int64_t i0 = 0;
+#if FA_HAVE_TRANSPOSE
+    for (; i0 + FA_W <= nr; i0 += FA_W) {
+        int64_t c0 = 0;
+        for (; c0 + FA_W <= Dv; c0 += FA_W) {
+            FA_V r[FA_W];
+            FA_UNROLL for (int k = 0; k < FA_W; k++) r[k] = FA_SFX(fa_load)(ot + (c0 + k) * ldo + i0);
+            FA_SFX(fa_transpose)(r);
+            FA_UNROLL for (int i = 0; i < FA_W; i++)
+                FA_SFX(fa_store)(o + (i0 + i) * sor + c0, r[i] * inv[i0 + i]);
+        }
+        for (int64_t i = i0; i < i0 + FA_W; i++)
+            for (int64_t c = c0; c < Dv; c++) o[i * sor + c] = ot[c * ldo + i] * inv[i];
+    }
+#endif
+    for (int64_t i = i0; i < nr; i++)
+        for (int64_t c = 0; c < Dv; c++) o[i * sor + c] = ot[c * ldo + i] * inv[i];
+}
+
 /* y[j] = x[j] * a */
 static inline void FA_SFX(fa_row_scale)(const FA_T *x, FA_T *y, int64_t n, FA_T a)
 {
