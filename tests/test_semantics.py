@@ -540,17 +540,18 @@ def test_nonfinite_scores_many_rows(case, opts, dtype, rng):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("Dv", [8, 16, 24, 40])
+@pytest.mark.parametrize("Dk", [16, 21])
 @pytest.mark.parametrize("layout", ["plain", "gqa", "out_transposed"])
-def test_output_rows_many_queries(Dv, layout, dtype, rng):
-    """The query-vectorised path writes its output rows through blocks
-    transposed in registers (one group, contiguous output rows) or element by
+def test_output_rows_many_queries(Dk, Dv, layout, dtype, rng):
+    """The query-vectorised path packs its queries and writes its output rows
+    through blocks transposed in registers (contiguous rows) or element by
     element (rows of two groups in one unit, strided output).  Partial blocks of
     rows and columns, rows that see no key (whose accumulators hold NaN from an
     inf value: the output must still be exactly 0), against the reference."""
     Lq, Lk, Hq = 45, 90, 4
     Hk = 2 if layout == "gqa" else Hq
-    q = randn(rng, (2, Hq, Lq, 16), dtype)
-    k = randn(rng, (2, Hk, Lk, 16), dtype)
+    q = randn(rng, (2, Hq, Lq, Dk), dtype)
+    k = randn(rng, (2, Hk, Lk, Dk), dtype)
     v = randn(rng, (2, Hk, Lk, Dv), dtype)
     empty = [0, 17, 44]
     v[:, :, 5, :] = np.inf

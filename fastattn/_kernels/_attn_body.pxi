@@ -46,6 +46,8 @@ cdef extern from "simd.h" nogil:
     void fa_col_softmax_vec_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
     void fa_col_softmax_scalar_f(const float *x, int64_t sx, float *y, int64_t sy, int64_t n, int log_mode)
     void fa_col_softmax_scalar_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
+    void fa_tq_pack_f(const float *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt, int64_t ld)
+    void fa_tq_pack_d(const double *q, const int64_t *qoff, int64_t nr, int64_t D, double scale, double *qt, int64_t ld)
     void fa_tout_rows_f(const float *ot, int64_t ldo, int64_t nr, int64_t Dv, const float *inv, float *o, int64_t sor)
     void fa_tout_rows_d(const double *ot, int64_t ldo, int64_t nr, int64_t Dv, const double *inv, double *o, int64_t sor)
     float fa_row_exp_sum_f(const float *x, float *y, int64_t n, float m)
@@ -886,10 +888,17 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     if P.q.sc == 1:
         for i in range(nr):
             prefetch_rows(qbase + ws.qoff[i], 1, 0, Dk)
-    # transposed pack, d outer: contiguous stores, and the nr source rows stay in L1
-    for d in range(Dk):
-        for i in range(nr):
-            qt[d * ld + i] = qbase[ws.qoff[i] + d * P.q.sc] * scale
+    # transposed pack: W x W register transposes for contiguous query rows;
+    # otherwise d outer (contiguous stores, the nr source rows stay in L1)
+    if P.q.sc == 1:
+        if floating is float:
+            fa_tq_pack_f(qbase, ws.qoff, nr, Dk, scale, qt, ld)
+        else:
+            fa_tq_pack_d(qbase, ws.qoff, nr, Dk, scale, qt, ld)
+    else:
+        for d in range(Dk):
+            for i in range(nr):
+                qt[d * ld + i] = qbase[ws.qoff[i] + d * P.q.sc] * scale
     for i in range(nr):
         lof[i] = <floating>ws.lo[i]
         hif[i] = <floating>ws.hi[i]

@@ -347,6 +347,30 @@ static inline void FA_SFX(fa_tout_rows)(const FA_T *ot, int64_t ldo, int64_t nr,
         for (int64_t c = 0; c < Dv; c++) o[i * sor + c] = ot[c * ldo + i] * inv[i];
 }
 
+/* Transposed query pack: qt[d * ld + i] = q[qoff[i] + d] * scale for i < nr,
+ * d < D (query elements contiguous).  W x W blocks through registers as in
+ * fa_tout_rows. */
+static inline void FA_SFX(fa_tq_pack)(const FA_T *q, const int64_t *qoff, int64_t nr, int64_t D, FA_T scale,
+                                      FA_T *qt, int64_t ld)
+{
+    int64_t i0 = 0;
+#if FA_HAVE_TRANSPOSE
+    for (; i0 + FA_W <= nr; i0 += FA_W) {
+        int64_t d0 = 0;
+        for (; d0 + FA_W <= D; d0 += FA_W) {
+            FA_V r[FA_W];
+            FA_UNROLL for (int i = 0; i < FA_W; i++) r[i] = FA_SFX(fa_load)(q + qoff[i0 + i] + d0);
+            FA_SFX(fa_transpose)(r);
+            FA_UNROLL for (int d = 0; d < FA_W; d++) FA_SFX(fa_store)(qt + (d0 + d) * ld + i0, r[d] * scale);
+        }
+        for (int64_t d = d0; d < D; d++)
+            for (int64_t i = i0; i < i0 + FA_W; i++) qt[d * ld + i] = q[qoff[i] + d] * scale;
+    }
+#endif
+    for (int64_t d = 0; d < D; d++)
+        for (int64_t i = i0; i < nr; i++) qt[d * ld + i] = q[qoff[i] + d] * scale;
+}
+
 /* y[j] = x[j] * a */
 static inline void FA_SFX(fa_row_scale)(const FA_T *x, FA_T *y, int64_t n, FA_T a)
 {
