@@ -43,7 +43,9 @@ SWEEP = [
 
 ATTENTION_CASES = [c for c in H.STANDARD_CASES + H.EXTRA_CASES if c["kind"] == "attention"] + SWEEP
 SOFTMAX_CASES = [c for c in H.STANDARD_CASES if c["kind"] == "softmax"] + [
-    S("softmax-f64-odd", 1000, 777, dtype="float64")]
+    S("softmax-f64-odd", 1000, 777, dtype="float64"),
+    S("softmax-axis0", 2048, 2048, axis=0),          # along the strided axis
+    S("softmax-axis0-narrow", 3000, 40, axis=0)]
 
 _inputs_cache = {}
 
@@ -125,10 +127,12 @@ def test_attention(benchmark, case, contestant, bench_threads):
 def test_softmax(benchmark, case, contestant, bench_threads):
     benchmark.group = case["id"]
     x = inputs_for(case)["x"]
+    axis = case.get("axis", -1)
     if contestant == "scipy":
         special = pytest.importorskip("scipy.special")
-        benchmark(special.softmax, x, axis=-1)
+        benchmark(special.softmax, x, axis=axis)
         return
-    out = benchmark(fastattn.softmax, x, axis=-1, num_threads=bench_threads)
+    out = benchmark(fastattn.softmax, x, axis=axis, num_threads=bench_threads)
     assert out.dtype == x.dtype and out.shape == x.shape
-    np.testing.assert_allclose(out[:64], reference.softmax(x[:64], axis=-1), **tolerance(case["dtype"]))
+    part = (slice(None), slice(0, 64)) if axis == 0 else (slice(0, 64),)
+    np.testing.assert_allclose(out[part], reference.softmax(x[part], axis=axis), **tolerance(case["dtype"]))

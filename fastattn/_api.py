@@ -330,7 +330,7 @@ def _softmax(x, axis, out, num_threads, log_mode, fname):
         inner = math.prod(x.shape[axis + 1:])
         if axis == x.ndim - 1:
             _K.softmax_forward(xc, res, log_mode, nthreads)
-        elif inner >= 8 and xc.flags.c_contiguous and res.flags.c_contiguous:
+        elif inner >= _K.SOFTMAX_COL_MIN and xc.flags.c_contiguous and res.flags.c_contiguous:
             # a strided axis over a contiguous remainder: vector lanes run along
             # the remainder (no per-row gather)
             shape3 = (math.prod(x.shape[:axis]), x.shape[axis], inner)

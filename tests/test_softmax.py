@@ -152,7 +152,7 @@ def test_special_rows_match_reference(name, dtype):
 @pytest.mark.parametrize("name", list(FUNCS))
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("shape,axis", [((300, 203), 0), ((5, 40, 77), 1), ((2, 9, 3, 70), 1),
-                                        ((6, 8), 0), ((3, 50, 2, 9), -3)], ids=str)
+                                        ((6, 8), 0), ((40, 17), 0), ((3, 50, 2, 9), -3)], ids=str)
 def test_strided_axis_columns(name, dtype, shape, axis, rng):
     """A softmax along a non-last axis runs with vector lanes across the
     trailing axes (whole chunks, single vectors and leftover scalar columns).
@@ -190,11 +190,12 @@ def test_single_element_rows():
 
 
 def test_empty_arrays():
-    for shape in [(0,), (3, 0), (0, 5), (2, 0, 3)]:
+    for shape in [(0,), (3, 0), (0, 5), (2, 0, 3), (0, 0, 40), (2, 0, 40), (0, 3, 40)]:
         x = np.zeros(shape)
         for fast, _ in FUNCS.values():
-            got = fast(x)
-            assert got.shape == shape and got.dtype == np.float64
+            for axis in [-1] + list(range(x.ndim)):
+                got = fast(x, axis=axis)
+                assert got.shape == shape and got.dtype == np.float64
 
 
 # ------------------------------------------------------------------ dtypes

@@ -44,8 +44,6 @@ cdef extern from "simd.h" nogil:
     void fa_col_softmax_chunk_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
     void fa_col_softmax_vec_f(const float *x, int64_t sx, float *y, int64_t sy, int64_t n, int log_mode)
     void fa_col_softmax_vec_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
-    void fa_col_softmax_scalar_f(const float *x, int64_t sx, float *y, int64_t sy, int64_t n, int log_mode)
-    void fa_col_softmax_scalar_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
     void fa_tq_pack_f(const float *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt, int64_t ld)
     void fa_tq_pack_d(const double *q, const int64_t *qoff, int64_t nr, int64_t D, double scale, double *qt, int64_t ld)
     void fa_tout_rows_f(const float *ot, int64_t ldo, int64_t nr, int64_t Dv, const float *inv, float *o, int64_t sor)
@@ -1443,39 +1441,43 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
 
 cdef void cols_unit(const floating *x, int64_t xso, int64_t xsn, floating *y, int64_t yso, int64_t ysn,
                     int64_t n, int64_t inner, int64_t nblk, int64_t u, int log_mode) noexcept nogil:
-    """Block u of a column softmax: outer index u // nblk, FA_T_NV vectors of
-    columns from (u % nblk) * chunk (fewer in the last block)."""
+    """Block u of a column softmax: outer index u // nblk, columns from
+    (u % nblk) * chunk; the last block of a row also takes the leftover columns.
+    Whole chunks, then single vectors, then one vector ending at the block's
+    last column (it overlaps columns already done in this block and rewrites
+    them with the same values).  Needs inner >= one vector; no column is
+    touched by two blocks."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef int64_t CW = FA_T_NV * W
     cdef int64_t o = u // nblk
     cdef int64_t c0 = (u % nblk) * CW
-    cdef int64_t w = min(CW, inner - c0), c = 0
+    cdef int64_t w = (inner - c0) if u % nblk == nblk - 1 else CW
+    cdef int64_t c = 0
     cdef const floating *xb = x + o * xso + c0
     cdef floating *yb = y + o * yso + c0
-    if w == CW:
+    while c + CW <= w:
         if floating is float:
-            fa_col_softmax_chunk_f(xb, xsn, yb, ysn, n, log_mode)
+            fa_col_softmax_chunk_f(xb + c, xsn, yb + c, ysn, n, log_mode)
         else:
-            fa_col_softmax_chunk_d(xb, xsn, yb, ysn, n, log_mode)
-        return
+            fa_col_softmax_chunk_d(xb + c, xsn, yb + c, ysn, n, log_mode)
+        c += CW
     while c + W <= w:
         if floating is float:
             fa_col_softmax_vec_f(xb + c, xsn, yb + c, ysn, n, log_mode)
         else:
             fa_col_softmax_vec_d(xb + c, xsn, yb + c, ysn, n, log_mode)
         c += W
-    while c < w:
+    if c < w:
         if floating is float:
-            fa_col_softmax_scalar_f(xb + c, xsn, yb + c, ysn, n, log_mode)
+            fa_col_softmax_vec_f(xb + w - W, xsn, yb + w - W, ysn, n, log_mode)
         else:
-            fa_col_softmax_scalar_d(xb + c, xsn, yb + c, ysn, n, log_mode)
-        c += 1
+            fa_col_softmax_vec_d(xb + w - W, xsn, yb + w - W, ysn, n, log_mode)
 
 
 cdef int softmax_cols_run(const floating *x, int64_t xso, int64_t xsn, floating *y, int64_t yso, int64_t ysn,
                           int64_t outer, int64_t n, int64_t inner, int log_mode, int nthreads) except -1:
     cdef int64_t CW = FA_T_NV * (FA_VBYTES // sizeof(floating))
-    cdef int64_t nblk = (inner + CW - 1) // CW
+    cdef int64_t nblk = inner // CW if inner >= CW else 1    # the last block takes the rest
     cdef int64_t units = outer * nblk, u
     cdef int use_threads = nthreads > 1 and units > 1 and outer * n * inner > SOFTMAX_PARALLEL_MIN
     if not use_threads:
@@ -1489,17 +1491,24 @@ cdef int softmax_cols_run(const floating *x, int64_t xso, int64_t xsn, floating 
     return 0
 
 
+# a softmax along a non-last axis takes the column kernel when the axes after
+# it hold at least this many elements (one float vector); below, row by row
+SOFTMAX_COL_MIN = FA_VBYTES // 4
+
+
 def softmax_cols_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthreads):
     """Softmax along axis 1 of 3-D x (outer, n, inner) into out of the same shape
     and dtype (float32/float64); both need element stride 1 along the last axis
     and item-multiple strides.  Lanes run over the last (contiguous) axis."""
     cdef int64_t item = x.itemsize
+    if x.ndim == 3 and x.size == 0:
+        return out          # (an empty array's strides may be anything)
     if x.ndim != 3 or out.ndim != 3 or x.strides[2] != item or out.strides[2] != item:
         raise ValueError("softmax_cols_forward: 3-D arrays with a contiguous last axis expected")
     if x.strides[0] % item or x.strides[1] % item or out.strides[0] % item or out.strides[1] % item:
         raise ValueError("softmax_cols_forward: strides must be multiples of the item size")
-    if x.size == 0:
-        return out
+    if x.shape[2] < SOFTMAX_COL_MIN:
+        raise ValueError(f"softmax_cols_forward: the last axis needs at least {SOFTMAX_COL_MIN} elements")
     if x.dtype.num == cnp.NPY_FLOAT:
         softmax_cols_run(<const float *>cnp.PyArray_DATA(x), x.strides[0] // item, x.strides[1] // item,
                          <float *>cnp.PyArray_DATA(out), out.strides[0] // item, out.strides[1] // item,

@@ -263,38 +263,6 @@ static inline void FA_SFX(fa_col_softmax_vec)(const FA_T *x, int64_t sx, FA_T *y
     FA_SFX(fa_col_softmax_nv)(x, sx, y, sy, n, log_mode, 1);
 }
 
-/* One column of a column softmax in scalar code (the columns left over after
- * whole vectors); same results as the vector form up to rounding. */
-static inline void FA_SFX(fa_col_softmax_scalar)(const FA_T *x, int64_t sx, FA_T *y, int64_t sy, int64_t n,
-                                                 int log_mode)
-{
-    FA_T m = -(FA_T)INFINITY;
-    int bad = 0;
-    for (int64_t j = 0; j < n; j++) {
-        const FA_T a = x[j * sx];
-        bad |= a != a;
-        m = a > m ? a : m;
-    }
-    if (bad) m = (FA_T)NAN;
-    if (m == -(FA_T)INFINITY) {
-        for (int64_t j = 0; j < n; j++) y[j * sy] = log_mode ? -(FA_T)INFINITY : 0;
-        return;
-    }
-    double sum = 0;
-    for (int64_t j = 0; j < n; j++) {
-        const FA_T e = (FA_T)exp((double)(x[j * sx] - m));
-        sum += e;
-        if (!log_mode) y[j * sy] = e;
-    }
-    if (log_mode) {
-        const FA_T lse = m + (FA_T)log(sum);
-        for (int64_t j = 0; j < n; j++) y[j * sy] = x[j * sx] - lse;
-    } else {
-        const FA_T inv = (FA_T)(1.0 / sum);
-        for (int64_t j = 0; j < n; j++) y[j * sy] *= inv;
-    }
-}
-
 /* In-register transpose of a W x W block: r[a][c] -> r[c][a].  At each level h
  * the off-diagonal h x h blocks of every 2h x 2h block swap (two two-source
  * shuffles per row pair, vpermt2ps on AVX-512).  GCC only; others get
