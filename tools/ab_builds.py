@@ -1,0 +1,131 @@
+"""Paired A/B of two fastattn builds in ONE process, for kernel changes of a few percent.
+
+    python tools/ab_builds.py OLD_TREE NEW_TREE [--cases prefill,long,...] [--reps 30]
+
+OLD_TREE and NEW_TREE are source trees with in-place builds (``python setup.py
+build_ext --inplace``), e.g. a ``git worktree`` of the base commit and this checkout.
+Each tree's ``fastattn`` package is copied to a temporary directory under another
+name (``fa_old`` / ``fa_new``, its kernel imports renamed), both are imported into
+this process, and every case calls them alternately (order flipped every round) on
+the same inputs.  Printed per case: median and minimum time of each build and
+OLD / NEW as ratio of medians, of minima, and the median of the per-round ratios
+(> 1: NEW is faster).
+
+Why: on a shared machine the speed drifts by 10-20 % between processes, far more
+than most single kernel changes; back-to-back calls of the two builds see the
+same machine state, so the per-round ratio resolves 1-2 %.  For the side-by-side
+against torch use bench/compare.py.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+CASES = {
+    # name: (B, H, L, D, dtype, causal) -- the standard attention cases
+    "prefill": (1, 8, 1024, 64, np.float32, False),
+    "long": (1, 4, 4096, 128, np.float32, False),
+    "causal": (1, 8, 1024, 64, np.float32, True),
+    "causal-batch": (4, 8, 512, 64, np.float32, True),
+    "batch": (32, 8, 128, 64, np.float32, False),
+    "f64": (1, 8, 1024, 64, np.float64, False),
+}
+OTHER = ["decode", "decode-1head", "tiny", "softmax", "softmax-cached", "softmax-axis0"]
+
+
+def load_copy(tree, name, tmp):
+    """Import tree/fastattn as package ``name`` (kernel imports renamed)."""
+    src = os.path.join(os.path.abspath(tree), "fastattn")
+    if not os.path.isdir(src):
+        sys.exit(f"no fastattn package in {tree}")
+    dst = os.path.join(tmp, name)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    for fn in os.listdir(dst):
+        if fn.endswith(".py"):
+            path = os.path.join(dst, fn)
+            with open(path) as f:
+                text = f.read()
+            with open(path, "w") as f:
+                f.write(text.replace('"fastattn._', f'"{name}._'))
+    mod = importlib.import_module(name)
+    built = [f for f in os.listdir(os.path.join(dst, "_kernels")) if f.startswith("_attn_")]
+    if not any(f.endswith((".so", ".pyd")) for f in built):
+        sys.exit(f"{tree}: no compiled kernels (run: python setup.py build_ext --inplace)")
+    return mod
+
+
+def make_case(case, rng):
+    if case in CASES:
+        B, H, L, D, dt, causal = CASES[case]
+        q, k, v = (rng.standard_normal((B, H, L, D)).astype(dt) for _ in range(3))
+        return lambda M: M.attention(q, k, v, causal=causal)
+    if case in ("decode", "decode-1head"):
+        H, Lk = (32, 4096) if case == "decode" else (1, 131072)
+        q = rng.standard_normal((1, H, 1, 128), dtype=np.float32)
+        k = rng.standard_normal((1, H, Lk, 128), dtype=np.float32)
+        v = rng.standard_normal((1, H, Lk, 128), dtype=np.float32)
+        return lambda M: M.attention(q, k, v)
+    if case == "tiny":
+        q, k, v = (rng.standard_normal((1, 1, 3, 64)).astype(np.float32) for _ in range(3))
+
+        def many(M):
+            for _ in range(1000):
+                M.attention(q, k, v)
+        return many
+    if case == "softmax":
+        x = rng.standard_normal((4096, 4096)).astype(np.float32)
+        return lambda M: M.softmax(x)
+    if case == "softmax-cached":
+        x = rng.standard_normal((256, 4096)).astype(np.float32)
+        out = np.empty_like(x)
+        return lambda M: M.softmax(x, out=out)
+    if case == "softmax-axis0":
+        x = rng.standard_normal((2048, 2048)).astype(np.float32)
+        return lambda M: M.softmax(x, axis=0)
+    sys.exit(f"unknown case {case!r}; known: {', '.join(list(CASES) + OTHER)}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("old")
+    ap.add_argument("new")
+    ap.add_argument("--cases", default="prefill,long,causal,batch,decode,softmax")
+    ap.add_argument("--reps", type=int, default=30, help="rounds per case (each calls both builds)")
+    args = ap.parse_args(argv)
+    tmp = tempfile.mkdtemp(prefix="fa_ab_")
+    sys.path.insert(0, tmp)
+    try:
+        old = load_copy(args.old, "fa_old", tmp)
+        new = load_copy(args.new, "fa_new", tmp)
+        rng = np.random.default_rng(0)
+        print(f"old: {os.path.abspath(args.old)}\nnew: {os.path.abspath(args.new)}")
+        for case in args.cases.split(","):
+            f = make_case(case, rng)
+            for M in (old, new, old, new):      # warm-up: pools, pages, caches
+                f(M)
+            t_old, t_new = [], []
+            for r in range(args.reps):
+                order = ((old, t_old), (new, t_new)) if r % 2 == 0 else ((new, t_new), (old, t_old))
+                for M, ts in order:
+                    t0 = time.perf_counter()
+                    f(M)
+                    ts.append(time.perf_counter() - t0)
+            a, b = np.array(t_old), np.array(t_new)
+            print(f"{case:15s} old med {np.median(a) * 1e3:9.3f} ms min {a.min() * 1e3:9.3f} | "
+                  f"new med {np.median(b) * 1e3:9.3f} ms min {b.min() * 1e3:9.3f} | "
+                  f"old/new med {np.median(a) / np.median(b):.3f} min {a.min() / b.min():.3f} "
+                  f"paired {np.median(a / b):.3f}", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
