@@ -1378,17 +1378,35 @@ cdef void softmax_row(const floating *x, floating *y, int64_t n, int log_mode) n
         row_scale(y, y, n, <floating>(1.0 / s))
 
 
+cdef void softmax_rows(const Plan *P, int64_t r0, int64_t r1, int64_t n, int log_mode,
+                       floating *buf) noexcept nogil:
+    """Rows r0..r1-1 of softmax_run; buf (2 rows) when a row is not contiguous."""
+    cdef int64_t r, j
+    cdef const floating *x
+    cdef floating *y
+    for r in range(r0, r1):
+        x = (<const floating *>P.q.base) + batch_offset(P, &P.q, r)
+        y = (<floating *>P.o.base) + batch_offset(P, &P.o, r)
+        if buf == NULL:
+            softmax_row(x, y, n, log_mode)
+        else:
+            # gather, softmax_row (input and result must not alias), scatter
+            for j in range(n):
+                buf[j] = x[j * P.q.sc]
+            softmax_row(buf, buf + n, n, log_mode)
+            for j in range(n):
+                y[j * P.o.sc] = buf[n + j]
+
+
 cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthreads) except -1:
     """Rows of length n: P.q describes the input (sc = element stride along the
     row), P.o the output; the batch dims enumerate the rows."""
     cdef int64_t rows_per_unit = 1 + 16384 // (n if n > 0 else 1)
     cdef int64_t units = (P.nbatch + rows_per_unit - 1) // rows_per_unit
-    cdef int64_t u, r, j
+    cdef int64_t u
     cdef int contiguous = P.q.sc == 1 and P.o.sc == 1
     cdef int use_threads = nthreads > 1 and P.nbatch * n > SOFTMAX_PARALLEL_MIN
     cdef floating *buf = NULL
-    cdef const floating *x
-    cdef floating *y
     cdef int failed = 0
     cdef int *failed_p = &failed
     if not use_threads:
@@ -1396,44 +1414,21 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
         with nogil:
             if not contiguous:
                 buf = <floating *>fa_alloc(2 * (n if n > 0 else 1) * sizeof(floating))
-                if buf == NULL:
-                    failed = 1
+                failed = buf == NULL
             if not failed:
-                for r in range(P.nbatch):
-                    x = (<const floating *>P.q.base) + batch_offset(P, &P.q, r)
-                    y = (<floating *>P.o.base) + batch_offset(P, &P.o, r)
-                    if contiguous:
-                        softmax_row(x, y, n, log_mode)
-                    else:
-                        for j in range(n):
-                            buf[j] = x[j * P.q.sc]
-                        softmax_row(buf, buf + n, n, log_mode)
-                        for j in range(n):
-                            y[j * P.o.sc] = buf[n + j]
+                softmax_rows(P, 0, P.nbatch, n, log_mode, buf)
             fa_free(buf)
-        if failed:
-            raise MemoryError("fastattn: could not allocate the softmax row buffer")
-        return 0
-    with nogil, parallel(num_threads=nthreads):
-        buf = NULL
-        if not contiguous:
-            # two rows: the gathered input and the result (softmax_row needs both)
-            buf = <floating *>fa_alloc(2 * (n if n > 0 else 1) * sizeof(floating))
-            if buf == NULL:
-                failed_p[0] = 1
-        for u in prange(units, schedule='static'):
-            for r in range(u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit)):
-                x = (<const floating *>P.q.base) + batch_offset(P, &P.q, r)
-                y = (<floating *>P.o.base) + batch_offset(P, &P.o, r)
-                if contiguous:
-                    softmax_row(x, y, n, log_mode)
-                elif buf != NULL:
-                    for j in range(n):
-                        buf[j] = x[j * P.q.sc]
-                    softmax_row(buf, buf + n, n, log_mode)
-                    for j in range(n):
-                        y[j * P.o.sc] = buf[n + j]
-        fa_free(buf)
+    else:
+        with nogil, parallel(num_threads=nthreads):
+            buf = NULL
+            if not contiguous:
+                buf = <floating *>fa_alloc(2 * (n if n > 0 else 1) * sizeof(floating))
+                if buf == NULL:
+                    failed_p[0] = 1
+            for u in prange(units, schedule='static'):
+                if contiguous or buf != NULL:
+                    softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf)
+            fa_free(buf)
     if failed:
         raise MemoryError("fastattn: could not allocate the softmax row buffer")
     return 0

@@ -200,8 +200,8 @@ static inline FA_T FA_SFX(fa_row_exp_sum)(const FA_T *x, FA_T *y, int64_t n, FA_
 /* Softmax (or log-softmax) down nv * W columns at once: element j of column c
  * at x[j * sx + c], result at y[j * sy + c], j < n.  Lanes run over the
  * columns (the contiguous axis), so a softmax along a strided axis reads whole
- * vectors: max, exp and sum, then scale or shift.  A
- * column of only -inf gives zeros (-inf for log); inf or NaN gives NaN. */
+ * vectors: max, exp and sum, then scale or shift.  A column of only -inf gives
+ * zeros (-inf for log); +inf or NaN in a column gives NaN in that column. */
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_col_softmax_nv)(const FA_T *x, int64_t sx, FA_T *y, int64_t sy, int64_t n, int log_mode, const int nv)
 {
