@@ -308,6 +308,31 @@ scaled_dot_product_attention = attention
 
 # ---------------------------------------------------------------- softmax
 
+def _softmax_views(xc, res, axis):
+    """How to run a softmax along ``axis`` when x and the result share one dense
+    layout (C order, Fortran order, or any transposition of them).
+
+    Ordered by decreasing stride both are C-contiguous; the softmax axis then sits
+    at position p.  p last: ("rows", x, res) with the axis moved last (contiguous
+    rows).  Otherwise, when the axes after p hold at least one float vector:
+    ("cols", x3, res3) with 3-D (outer, n, inner) views for the column kernel.
+    None for anything else (the caller goes row by row).
+    """
+    nd = xc.ndim
+    perm = sorted(range(nd), key=lambda d: (-abs(xc.strides[d]), d))
+    xt, rt = xc.transpose(perm), res.transpose(perm)
+    if not (xt.flags.c_contiguous and rt.flags.c_contiguous):
+        return None
+    p = perm.index(axis)
+    if p == nd - 1:
+        return "rows", np.moveaxis(xc, axis, -1), np.moveaxis(res, axis, -1)
+    inner = math.prod(xt.shape[p + 1:])
+    if inner < _K.SOFTMAX_COL_MIN:
+        return None
+    shape3 = (math.prod(xt.shape[:p]), xt.shape[p], inner)
+    return "cols", xt.reshape(shape3), rt.reshape(shape3)
+
+
 def _softmax(x, axis, out, num_threads, log_mode, fname):
     x = _as_array(x, "x")
     nthreads = resolve_num_threads(num_threads)
@@ -326,17 +351,16 @@ def _softmax(x, axis, out, num_threads, log_mode, fname):
             raise TypeError(f"{fname}: axis must be an int or None, got {axis!r}")
         axis = np.lib.array_utils.normalize_axis_index(operator.index(axis), x.ndim)
         direct = out is not None and odt == cdt and out.flags.aligned
-        res = out if direct else np.empty(x.shape, dtype=cdt)
-        inner = math.prod(x.shape[axis + 1:])
-        if axis == x.ndim - 1:
-            _K.softmax_forward(xc, res, log_mode, nthreads)
-        elif inner >= _K.SOFTMAX_COL_MIN and xc.flags.c_contiguous and res.flags.c_contiguous:
-            # a strided axis over a contiguous remainder: vector lanes run along
-            # the remainder (no per-row gather)
-            shape3 = (math.prod(x.shape[:axis]), x.shape[axis], inner)
-            _K.softmax_cols_forward(xc.reshape(shape3), res.reshape(shape3), log_mode, nthreads)
-        else:
+        # the result takes the input's memory layout (as NumPy ufuncs do), so a
+        # slice that is contiguous in x is contiguous in the result too
+        res = out if direct else np.empty_like(xc, dtype=cdt)
+        views = _softmax_views(xc, res, axis)
+        if views is None:
             _K.softmax_forward(np.moveaxis(xc, axis, -1), np.moveaxis(res, axis, -1), log_mode, nthreads)
+        elif views[0] == "rows":
+            _K.softmax_forward(views[1], views[2], log_mode, nthreads)
+        else:
+            _K.softmax_cols_forward(views[1], views[2], log_mode, nthreads)
         if direct:
             return out
     if out is not None:

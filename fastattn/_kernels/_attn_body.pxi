@@ -1518,9 +1518,10 @@ def softmax_cols_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthr
 def softmax_fast(x, bint log_mode, num_threads):
     """softmax(x) / log_softmax(x) along the last axis, no ``out``, without Python
     overhead: taken when x is an ndarray of a native float dtype (aligned,
-    item-multiple strides, at least one dimension).  Returns None for anything
-    else; the caller then takes the general path, which also produces the errors.
-    Small inputs run on the calling thread and never ask for a thread count."""
+    item-multiple strides, at least one dimension, contiguous last axis).
+    Returns None for anything else; the caller then takes the general path,
+    which also produces the errors.  Small inputs run on the calling thread and
+    never ask for a thread count."""
     cdef cnp.ndarray xa, out
     cdef int typenum, nthreads = 1
     if num_threads is not None and (type(num_threads) is not int or not 1 <= num_threads <= 0x7fffffff):
@@ -1533,6 +1534,8 @@ def softmax_fast(x, bint log_mode, num_threads):
         return None
     if not plain_operand(xa, typenum):
         return None
+    if xa.shape[xa.ndim - 1] > 1 and xa.strides[xa.ndim - 1] != xa.itemsize:
+        return None     # strided rows: the general path picks a layout-aware kernel
     out = cnp.PyArray_EMPTY(xa.ndim, xa.shape, typenum, 0)
     if cnp.PyArray_SIZE(xa) > SOFTMAX_PARALLEL_MIN:
         nthreads = _thread_resolver(num_threads)
