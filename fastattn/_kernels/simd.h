@@ -93,32 +93,24 @@
 #  define FA_UNROLL
 #endif
 
-/* maxps/minps semantics: fa_vmax(a, b) = a > b ? a : b lane-wise, so a NaN in
+/* maxps semantics: FA_VMAX(a, b) = a > b ? a : b lane-wise, so a NaN in
  * either lane gives b.  One instruction on x86 (vector extensions have no
- * min/max in C); elsewhere a compare and a select. */
+ * max in C); elsewhere a compare and a select. */
 #if defined(__x86_64__) || defined(__i386__)
 #  include <immintrin.h>
 #  if FA_VBYTES == 64
 #    define FA_VMAX_f(a, b) ((fa_v_f)_mm512_max_ps((__m512)(a), (__m512)(b)))
-#    define FA_VMIN_f(a, b) ((fa_v_f)_mm512_min_ps((__m512)(a), (__m512)(b)))
 #    define FA_VMAX_d(a, b) ((fa_v_d)_mm512_max_pd((__m512d)(a), (__m512d)(b)))
-#    define FA_VMIN_d(a, b) ((fa_v_d)_mm512_min_pd((__m512d)(a), (__m512d)(b)))
 #  elif FA_VBYTES == 32
 #    define FA_VMAX_f(a, b) ((fa_v_f)_mm256_max_ps((__m256)(a), (__m256)(b)))
-#    define FA_VMIN_f(a, b) ((fa_v_f)_mm256_min_ps((__m256)(a), (__m256)(b)))
 #    define FA_VMAX_d(a, b) ((fa_v_d)_mm256_max_pd((__m256d)(a), (__m256d)(b)))
-#    define FA_VMIN_d(a, b) ((fa_v_d)_mm256_min_pd((__m256d)(a), (__m256d)(b)))
 #  else
 #    define FA_VMAX_f(a, b) ((fa_v_f)_mm_max_ps((__m128)(a), (__m128)(b)))
-#    define FA_VMIN_f(a, b) ((fa_v_f)_mm_min_ps((__m128)(a), (__m128)(b)))
 #    define FA_VMAX_d(a, b) ((fa_v_d)_mm_max_pd((__m128d)(a), (__m128d)(b)))
-#    define FA_VMIN_d(a, b) ((fa_v_d)_mm_min_pd((__m128d)(a), (__m128d)(b)))
 #  endif
 #else
 #  define FA_VMAX_f(a, b) fa_select_f((a) > (b), (a), (b))
-#  define FA_VMIN_f(a, b) fa_select_f((a) < (b), (a), (b))
 #  define FA_VMAX_d(a, b) fa_select_d((a) > (b), (a), (b))
-#  define FA_VMIN_d(a, b) fa_select_d((a) < (b), (a), (b))
 #endif
 
 /* 64-byte aligned allocation (not zeroed); NULL on failure.  The original
