@@ -430,6 +430,24 @@ cdef void workspace_free(Workspace *ws) noexcept nogil:
     ws.arena = NULL
 
 
+cdef Workspace *workspace_new(const Plan *P, int64_t rows, size_t item, int use_t) noexcept nogil:
+    """A heap workspace with its arena allocated; NULL (nothing left allocated) on failure."""
+    cdef Workspace *ws = <Workspace *>fa_alloc(sizeof(Workspace))
+    if ws == NULL:
+        return NULL
+    if workspace_alloc(ws, P, rows, item, use_t) != 0:
+        workspace_free(ws)
+        fa_free(ws)
+        return NULL
+    return ws
+
+
+cdef void workspace_delete(Workspace *ws) noexcept nogil:
+    if ws != NULL:
+        workspace_free(ws)
+        fa_free(ws)
+
+
 # ---------------------------------------------------------------- attention: one work unit
 
 cdef void setup_rows(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
@@ -976,6 +994,7 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     # one group with contiguous elements are equally spaced: blocks transposed
     # in registers; otherwise one strided element at a time.
     if P.o.sc == 1 and ws.goff[0] == ws.goff[nr - 1]:
+        # lof (the lanes' key ranges, needed only by the tile loop) holds 1 / l
         for i in range(nr):
             lof[i] = 1 / l[i] if l[i] > 0 or l[i] != l[i] else 0
         grp = ws.goff[0]
@@ -1103,7 +1122,6 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     cdef int failed = 0
     cdef int *failed_p = &failed    # written through the pointer: shared by all threads
     cdef Workspace *ws              # assigned inside the parallel block: one per thread
-    cdef int ws_ok
     cdef floating *stats = NULL
     cdef floating *po = NULL
     cdef floating *pm = NULL
@@ -1148,33 +1166,24 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
         # Small problems: no OpenMP region at all (even a one-thread region is a
         # runtime call with locking), one workspace on the calling thread.
         with nogil:
-            ws = <Workspace *>fa_alloc(sizeof(Workspace))
-            if ws != NULL:
-                ws.arena = NULL
-            if ws == NULL or workspace_alloc(ws, P, rows, sizeof(floating), use_t) != 0:
+            ws = workspace_new(P, rows, sizeof(floating), use_t)
+            if ws == NULL:
                 failed = 1
             else:
                 for u in range(total):
                     do_unit(P, ws, u, kind, units, nblk, bq, rows, chunk, stride_split, stats, po, pm, pl)
-            if ws != NULL:
-                workspace_free(ws)
-                fa_free(ws)
+                workspace_delete(ws)
     else:
         with nogil, parallel(num_threads=nthreads):
             # Every thread must reach the worksharing loop below (OpenMP requires
             # it), so a failed allocation only disables the thread's share of work.
-            ws = <Workspace *>fa_alloc(sizeof(Workspace))
-            if ws != NULL:
-                ws.arena = NULL
-            ws_ok = ws != NULL and workspace_alloc(ws, P, rows, sizeof(floating), use_t) == 0
-            if not ws_ok:
+            ws = workspace_new(P, rows, sizeof(floating), use_t)
+            if ws == NULL:
                 failed_p[0] = 1
             for u in prange(total, schedule='dynamic'):
-                if ws_ok:
+                if ws != NULL:
                     do_unit(P, ws, u, kind, units, nblk, bq, rows, chunk, stride_split, stats, po, pm, pl)
-            if ws != NULL:
-                workspace_free(ws)
-                fa_free(ws)
+            workspace_delete(ws)
 
     if nsplit > 1 and not failed:
         with nogil:
