@@ -627,6 +627,45 @@ def test_decode_values_nonfinite(case, dtype, rng):
     assert_close(out2, R.attention(q, k, v2, mask=mask, kv_lengths=np.array([280, 280])), dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [(8, 1), (12, 1), (1, 8), (20, 1), (4, 10), (40, 1)])
+def test_packed_tiles_mid_rows(rows, dtype, rng):
+    """Between the few-row decode path and the query-vectorised path, key and value
+    tiles are packed with vector copies and register transposes when their rows are
+    contiguous: every mix of whole and partial vectors (Dk, Dv, keys per panel),
+    grouped heads, several tiles, strided keys/values (the scalar pack), and values
+    holding inf/NaN found by the pack's probe -- hidden ones must not leak, visible
+    ones must reach their columns as in the reference."""
+    Lq, g = rows
+    for Dk, Dv, Lk in [(64, 64, 200), (33, 17, 65), (5, 3, 31), (80, 128, 130), (16, 48, 1)]:
+        q = randn(rng, (2, 2 * g, Lq, Dk), dtype)
+        k = randn(rng, (2, 2, Lk, Dk), dtype)
+        v = randn(rng, (2, 2, Lk, Dv), dtype)
+        assert_close(fastattn.attention(q, k, v), R.attention(q, k, v), dtype,
+                     what=f"Lq={Lq} g={g} Dk={Dk} Dv={Dv} Lk={Lk}")
+        # strided key and value rows (every other element): the scalar packs
+        k2 = randn(rng, (2, 2, Lk, 2 * Dk), dtype)[..., ::2]
+        v2 = randn(rng, (2, 2, Lk, 2 * Dv), dtype)[..., ::2]
+        assert_close(fastattn.attention(q, k2, v2), R.attention(q, k2, v2), dtype,
+                     what=f"strided, Lq={Lq} g={g} Dk={Dk} Dv={Dv} Lk={Lk}")
+    Lk, Dk, Dv = 200, 40, 24
+    q = randn(rng, (1, 2 * g, Lq, Dk), dtype)
+    k = randn(rng, (1, 2, Lk, Dk), dtype)
+    v = randn(rng, (1, 2, Lk, Dv), dtype)
+    mask = np.ones(Lk, bool)
+    mask[100:104] = False
+    v[..., 101, :] = np.nan             # hidden by the mask, inside every row's key range
+    v[0, 1, 102, 5] = np.inf            # hidden
+    lengths = np.repeat([150, 190], g)[None]    # per query head; grouped heads share their key head's
+    v[..., 170:, :] = np.nan            # hidden from key head 0 (length 150), visible to head 1
+    opts = dict(mask=mask, kv_lengths=lengths)
+    want = R.attention(q, k, v, **opts)
+    assert np.isfinite(want[:, :g]).all() and np.isnan(want[:, g:]).all()
+    assert_close(fastattn.attention(q, k, v, **opts), want, dtype)
+    v[0, 0, 20, 3] = np.inf             # visible to key head 0: its column 3 becomes inf or NaN
+    assert_close(fastattn.attention(q, k, v, **opts), R.attention(q, k, v, **opts), dtype)
+
+
 @pytest.mark.parametrize("how", ["mask", "causal", "window"])
 def test_masked_keys_may_hold_garbage(how, rng):
     """Values of keys a row cannot see never reach that row, even when inf/NaN

@@ -44,8 +44,10 @@ cdef extern from "simd.h" nogil:
     void fa_col_softmax_chunk_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
     void fa_col_softmax_vec_f(const float *x, int64_t sx, float *y, int64_t sy, int64_t n, int log_mode)
     void fa_col_softmax_vec_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
-    void fa_tq_pack_f(const float *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt, int64_t ld)
-    void fa_tq_pack_d(const double *q, const int64_t *qoff, int64_t nr, int64_t D, double scale, double *qt, int64_t ld)
+    void fa_tq_pack_f(const float *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt,
+                      int64_t ld, int64_t pf)
+    void fa_tq_pack_d(const double *q, const int64_t *qoff, int64_t nr, int64_t D, double scale, double *qt,
+                      int64_t ld, int64_t pf)
     void fa_tout_rows_f(const float *ot, int64_t ldo, int64_t nr, int64_t Dv, const float *inv, float *o, int64_t sor)
     void fa_tout_rows_d(const double *ot, int64_t ldo, int64_t nr, int64_t Dv, const double *inv, double *o, int64_t sor)
     float fa_row_exp_sum_f(const float *x, float *y, int64_t n, float m)
@@ -96,6 +98,8 @@ cdef extern from "simd.h" nogil:
     void fa_prefetch_rows_d(const double *p, int64_t nrows, int64_t sr, int64_t n)
     int fa_block_nonfinite_f(const float *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
     int fa_block_nonfinite_d(const double *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
+    int fa_pack_rows_f(const float *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
+    int fa_pack_rows_d(const double *src, int64_t sr, int64_t n, int64_t D, double *dst, int64_t ldd)
 
 ISA = FA_ISA.decode()
 
@@ -103,8 +107,9 @@ cdef enum:
     MAXDIM = 64          # batch dims supported (NumPy's own limit)
     BLOCK_Q = 64         # query rows per work unit (row-major path: decode, options)
     BLOCK_QT = 128       # query rows per work unit (query-vectorised path)
-    T_MIN_ROWS = 16      # fewer query rows than this: the row-major path
+    T_MIN_ROWS = 16      # fewer query rows than this (or than 3/4 of a chunk): row-major path
     BLOCK_K = 64         # keys per tile (a multiple of every QK panel width)
+    PANEL_MAX = 32       # keys per QK panel, at most (FA_QK_NV vectors of floats)
     PARALLEL_MIN_WORK = 200000  # smaller problems run on the calling thread alone
     SOFTMAX_PARALLEL_MIN = 32768  # elements; softmax of fewer runs on the calling thread
     SPLIT_TARGET = 32    # split the key range when fewer units than this ...
@@ -508,9 +513,27 @@ cdef void pack_q(const Plan *P, Workspace *ws, floating *qbase, int64_t nr) noex
 cdef void pack_k_tile(const Plan *P, floating *kt, const floating *kbase, int64_t t0, int64_t n) noexcept nogil:
     """Transpose keys t0..t0+n-1 into panels of Dk x NR (see fa_qk_block)."""
     cdef int64_t NR = FA_QK_NV * (FA_VBYTES // sizeof(floating))
-    cdef int64_t j, d, Dk = P.Dk, sr = P.k.sr, sc = P.k.sc
+    cdef int64_t j, d, Dk = P.Dk, sr = P.k.sr, sc = P.k.sc, p0, nk
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef floating *panel
     cdef const floating *src
+    cdef int64_t offs[PANEL_MAX]
+    if sc == 1:
+        # rows with contiguous elements: W x W blocks through register transposes
+        # (the query pack's routine, with scale 1), each block requesting the rows
+        # of the next (the tiles stream from memory; past the tile's end are the
+        # next tile's rows, and a prefetch never faults)
+        p0 = 0
+        while p0 < n:
+            nk = min(NR, n - p0)
+            for j in range(nk):
+                offs[j] = (t0 + p0 + j) * sr
+            if floating is float:
+                fa_tq_pack_f(kbase, offs, nk, Dk, 1, kt + (p0 // NR) * Dk * NR, NR, W * sr)
+            else:
+                fa_tq_pack_d(kbase, offs, nk, Dk, 1, kt + (p0 // NR) * Dk * NR, NR, W * sr)
+            p0 += NR
+        return
     for j in range(n):
         panel = kt + (j // NR) * Dk * NR + (j % NR)
         src = kbase + (t0 + j) * sr
@@ -525,6 +548,11 @@ cdef int pack_v_tile(const Plan *P, floating *vp, int64_t dvp, const floating *v
     cdef int64_t j, c, Dv = P.Dv, sr = P.v.sr, sc = P.v.sc
     cdef const floating *src
     cdef floating x, probe = 0
+    if sc == 1:
+        if floating is float:
+            return fa_pack_rows_f(vbase + t0 * sr, sr, n, Dv, vp, dvp)
+        else:
+            return fa_pack_rows_d(vbase + t0 * sr, sr, n, Dv, vp, dvp)
     for j in range(n):
         src = vbase + (t0 + j) * sr
         for c in range(Dv):
@@ -638,8 +666,10 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     cdef int need_pv = mode != MODE_STATS
     cdef int v_nonfinite
     # few rows: dot products straight from the key rows and values read in place
-    # (no packing), when the rows are contiguous and the values fill whole vectors
-    cdef int few = nr < FA_QK_MR
+    # (no packing), when the rows are contiguous and the values fill whole vectors.
+    # Up to 5 rows; from 6 on, packed tiles and the register-blocked kernels win
+    # (AVX-512, 8192 keys, D 128, paired: 5 rows even, 7 rows 1.17x)
+    cdef int few = nr < FA_QK_MR and nr < 6
     cdef int k_in_place = few and P.k.sc == 1
     cdef int v_in_place = few and P.v.sc == 1 and Dv % W == 0 and Dv > 0
     cdef const floating *vsrc = NULL
@@ -908,9 +938,9 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     # otherwise d outer (contiguous stores, the nr source rows stay in L1)
     if P.q.sc == 1:
         if floating is float:
-            fa_tq_pack_f(qbase, ws.qoff, nr, Dk, scale, qt, ld)
+            fa_tq_pack_f(qbase, ws.qoff, nr, Dk, scale, qt, ld, 0)
         else:
-            fa_tq_pack_d(qbase, ws.qoff, nr, Dk, scale, qt, ld)
+            fa_tq_pack_d(qbase, ws.qoff, nr, Dk, scale, qt, ld, 0)
     else:
         for d in range(Dk):
             for i in range(nr):
@@ -1110,8 +1140,19 @@ cdef void do_unit(const Plan *P, Workspace *ws, int64_t u, int kind, int64_t uni
                  <floating *>NULL, <floating *>NULL, <double *>NULL)
 
 
+cdef inline int64_t t_min_rows(size_t item) noexcept nogil:
+    """Fewest query rows (per batch entry) for the query-vectorised path.  Its lanes
+    are queries, so with fewer rows than a chunk (FA_T_NV vectors) part of every
+    vector is padding; measured on AVX-512, the row-major path (with its packed
+    key and value tiles) is faster below about 3/4 of a chunk: float32 rows 16-32
+    of a 64-lane chunk up to 1.7x faster row-major, 48 rows mixed (0.8-1.03);
+    float64 24 rows of 32: 1.04, 32 rows: 0.72."""
+    cdef int64_t ch = FA_T_NV * (FA_VBYTES // item)
+    return max(<int64_t>T_MIN_ROWS, 3 * ch // 4)
+
+
 cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
-    cdef int use_t = P.nrows >= T_MIN_ROWS and not P.want_weights
+    cdef int use_t = P.nrows >= t_min_rows(sizeof(floating)) and not P.want_weights
     cdef int64_t bq = BLOCK_QT if use_t else BLOCK_Q
     cdef int64_t nblk = (P.nrows + bq - 1) // bq
     cdef int64_t rows = P.nrows if P.nrows < bq else bq

@@ -71,6 +71,10 @@
 #  define FA_T_NV 2
 #endif
 
+#if FA_QK_NV * FA_VBYTES / 4 > 32
+#  error "a QK panel holds at most 32 keys (PANEL_MAX in _attn_body.pxi)"
+#endif
+
 #define FA_ALIGN 64
 #ifndef FA_PF_BYTES
 #  define FA_PF_BYTES 3072   /* software prefetch distance of the row-streaming loops */

@@ -317,9 +317,11 @@ static inline void FA_SFX(fa_tout_rows)(const FA_T *ot, int64_t ldo, int64_t nr,
 
 /* Transposed query pack: qt[d * ld + i] = q[qoff[i] + d] * scale for i < nr,
  * d < D (query elements contiguous).  W x W blocks through registers as in
- * fa_tout_rows. */
+ * fa_tout_rows.  pf != 0: while a block of W rows is read, the same elements
+ * pf further on are requested (the key pack streams its rows from memory and
+ * passes W rows' stride: the next block's rows). */
 static inline void FA_SFX(fa_tq_pack)(const FA_T *q, const int64_t *qoff, int64_t nr, int64_t D, FA_T scale,
-                                      FA_T *qt, int64_t ld)
+                                      FA_T *qt, int64_t ld, int64_t pf)
 {
     int64_t i0 = 0;
 #if FA_HAVE_TRANSPOSE
@@ -327,6 +329,8 @@ static inline void FA_SFX(fa_tq_pack)(const FA_T *q, const int64_t *qoff, int64_
         int64_t d0 = 0;
         for (; d0 + FA_W <= D; d0 += FA_W) {
             FA_V r[FA_W];
+            if (pf)
+                FA_UNROLL for (int i = 0; i < FA_W; i++) __builtin_prefetch(q + qoff[i0 + i] + pf + d0, 0, FA_PF_LOC);
             FA_UNROLL for (int i = 0; i < FA_W; i++) r[i] = FA_SFX(fa_load)(q + qoff[i0 + i] + d0);
             FA_SFX(fa_transpose)(r);
             FA_UNROLL for (int d = 0; d < FA_W; d++) FA_SFX(fa_store)(qt + (d0 + d) * ld + i0, r[d] * scale);
@@ -499,6 +503,39 @@ static inline int64_t FA_SFX(fa_pf_rows)(int64_t row_elems)
     int64_t bytes = row_elems * (int64_t)sizeof(FA_T);
     int64_t r = bytes > 0 ? (FA_PF_BYTES + bytes - 1) / bytes : 1;
     return r < 1 ? 1 : r;
+}
+
+/* Copy n rows of D contiguous elements (rows sr apart) into dst rows ldd apart,
+ * whole vectors at a time; a row's last partial vector is stored whole with
+ * zeros past D (dst rows hold D rounded up to a vector).  Returns 1 if any
+ * copied element is inf or NaN (x * 0 is NaN only for those). */
+static inline int FA_SFX(fa_pack_rows)(const FA_T *src, int64_t sr, int64_t n, int64_t D,
+                                       FA_T *dst, int64_t ldd)
+{
+    FA_V acc0 = FA_SFX(fa_set1)(0), acc1 = acc0;
+    const int64_t pf = FA_SFX(fa_pf_rows)(D);
+    for (int64_t j = 0; j < n; j++) {
+        const FA_T *s = src + j * sr;
+        FA_T *d = dst + j * ldd;
+        FA_SFX(fa_prefetch)(s + pf * sr, D);
+        int64_t c = 0;
+        for (; c + 2 * FA_W <= D; c += 2 * FA_W) {
+            const FA_V x0 = FA_SFX(fa_load)(s + c), x1 = FA_SFX(fa_load)(s + c + FA_W);
+            FA_SFX(fa_store)(d + c, x0);
+            FA_SFX(fa_store)(d + c + FA_W, x1);
+            acc0 += x0 * 0;
+            acc1 += x1 * 0;
+        }
+        for (; c < D; c += FA_W) {
+            const FA_V x = c + FA_W <= D ? FA_SFX(fa_load)(s + c) : FA_SFX(fa_load_part)(s + c, D - c, 0);
+            FA_SFX(fa_store)(d + c, x);
+            acc0 += x * 0;
+        }
+    }
+    const FA_V a = acc0 + acc1;
+    int bad = 0;
+    for (int i = 0; i < FA_W; i++) bad |= a[i] != 0;
+    return bad;
 }
 
 /* S[i][j] = qp[i] . k[j] for i < nr, j < n; key rows contiguous, ksr apart. */
