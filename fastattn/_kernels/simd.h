@@ -140,6 +140,7 @@ typedef float fa_v_f __attribute__((vector_size(FA_VBYTES)));
 typedef int32_t fa_vi_f __attribute__((vector_size(FA_VBYTES)));
 #define FA_V fa_v_f
 #define FA_VI fa_vi_f
+#define FA_IT int32_t
 #define FA_EXP_LO (-87.3f)            /* below: result < smallest normal, returned as 0 */
 #define FA_EXP_HI (88.37f)            /* above: returned as +inf (true overflow from 88.72) */
 #define FA_EXP_ZERO (-88.0f)          /* rounds to n = -127: 2^n built as +0 */
@@ -151,6 +152,7 @@ typedef int32_t fa_vi_f __attribute__((vector_size(FA_VBYTES)));
 #undef FA_SFX
 #undef FA_V
 #undef FA_VI
+#undef FA_IT
 #undef FA_EXP_LO
 #undef FA_EXP_HI
 #undef FA_EXP_ZERO
@@ -165,6 +167,7 @@ typedef double fa_v_d __attribute__((vector_size(FA_VBYTES)));
 typedef int64_t fa_vi_d __attribute__((vector_size(FA_VBYTES)));
 #define FA_V fa_v_d
 #define FA_VI fa_vi_d
+#define FA_IT int64_t
 #define FA_EXP_LO (-708.0)
 #define FA_EXP_HI (709.0)
 #define FA_EXP_ZERO (-709.0)          /* rounds to n = -1023: 2^n built as +0 */
@@ -178,6 +181,7 @@ typedef int64_t fa_vi_d __attribute__((vector_size(FA_VBYTES)));
 #undef FA_SFX
 #undef FA_V
 #undef FA_VI
+#undef FA_IT
 #undef FA_EXP_LO
 #undef FA_EXP_HI
 #undef FA_EXP_ZERO

@@ -109,6 +109,52 @@ static inline void FA_SFX(fa_store_part)(FA_T *p, FA_V v, int64_t n)
     for (int64_t i = 0; i < n; i++) p[i] = tmp[i];
 }
 
+/* Sum and max of the W lanes of v as a butterfly (log2 W shuffle + add steps),
+ * not a chain of W dependent scalar adds: the dot products of the decode path
+ * end in one of these per key and row.  Fixed order, so deterministic.  GCC's
+ * __builtin_shuffle; elsewhere the scalar loop.  fa_hmax: no NaN lanes. */
+#if defined(__GNUC__) && !defined(__clang__)
+/* The mask c ^ h (lanes c < W, h < W <= 16) read from a constant table, so the
+ * compiler sees a constant: a mask built lane by lane is built at run time. */
+static inline FA_VI FA_SFX(fa_xor_mask)(int h)
+{
+    static const FA_IT t[4][16] = {
+        {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14},
+        {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+        {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+        {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
+    };
+    FA_VI v;
+    memcpy(&v, t[__builtin_ctz(h)], sizeof v);
+    return v;
+}
+#endif
+
+static inline FA_T FA_SFX(fa_hsum)(FA_V v)
+{
+#if defined(__GNUC__) && !defined(__clang__)
+    FA_UNROLL for (int h = FA_W / 2; h >= 1; h /= 2) v += __builtin_shuffle(v, FA_SFX(fa_xor_mask)(h));
+    return v[0];
+#else
+    FA_T s = 0;
+    for (int i = 0; i < FA_W; i++) s += v[i];
+    return s;
+#endif
+}
+
+static inline FA_T FA_SFX(fa_hmax)(FA_V v)
+{
+#if defined(__GNUC__) && !defined(__clang__)
+    FA_UNROLL for (int h = FA_W / 2; h >= 1; h /= 2)
+        v = FA_SFX(FA_VMAX)(v, __builtin_shuffle(v, FA_SFX(fa_xor_mask)(h)));
+    return v[0];
+#else
+    FA_T m = v[0];
+    for (int i = 1; i < FA_W; i++) m = v[i] > m ? v[i] : m;
+    return m;
+#endif
+}
+
 /* max(x[0:n]) with NaN propagation; -inf for n == 0.  Four max chains (one
  * instruction each on x86) and NaN tracked apart by OR-ing x != x. */
 static inline FA_T FA_SFX(fa_row_max)(const FA_T *x, int64_t n)
@@ -136,12 +182,9 @@ static inline FA_T FA_SFX(fa_row_max)(const FA_T *x, int64_t n)
         bad |= x0 != x0;
     }
     m0 = FA_SFX(FA_VMAX)(FA_SFX(FA_VMAX)(m0, m1), FA_SFX(FA_VMAX)(m2, m3));
-    FA_T m = -(FA_T)INFINITY;
-    for (int i = 0; i < FA_W; i++) {
-        if (bad[i]) return (FA_T)NAN;
-        m = m0[i] > m ? m0[i] : m;
-    }
-    return m;
+    int any = 0;
+    for (int i = 0; i < FA_W; i++) any |= bad[i] != 0;
+    return any ? (FA_T)NAN : FA_SFX(fa_hmax)(m0);
 }
 
 /* max over the non-NaN elements of x[0:n] (-inf if there are none): four plain
@@ -161,9 +204,7 @@ static inline FA_T FA_SFX(fa_row_max_nonan)(const FA_T *x, int64_t n)
     for (; j + FA_W <= n; j += FA_W) m0 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(x + j), m0);
     if (j < n) m1 = FA_SFX(FA_VMAX)(FA_SFX(fa_load_part)(x + j, n - j, -(FA_T)INFINITY), m1);
     m0 = FA_SFX(FA_VMAX)(FA_SFX(FA_VMAX)(m0, m1), FA_SFX(FA_VMAX)(m2, m3));
-    FA_T m = -(FA_T)INFINITY;
-    for (int i = 0; i < FA_W; i++) m = m0[i] > m ? m0[i] : m;
-    return m;
+    return FA_SFX(fa_hmax)(m0);
 }
 
 /* y[j] = exp(x[j] - m) for j < n (x and y may be the same row); returns the sum. */
@@ -191,10 +232,7 @@ static inline FA_T FA_SFX(fa_row_exp_sum)(const FA_T *x, FA_T *y, int64_t n, FA_
         FA_SFX(fa_store_part)(y + j, e0, n - j);
         s1 += e0;
     }
-    s0 += s1;
-    FA_T s = 0;
-    for (int i = 0; i < FA_W; i++) s += s0[i];
-    return s;
+    return FA_SFX(fa_hsum)(s0 + s1);
 }
 
 /* Softmax (or log-softmax) down nv * W columns at once: element j of column c
@@ -474,11 +512,9 @@ static inline FA_T FA_SFX(fa_dot)(const FA_T *a, const FA_T *b, int64_t n)
         acc1 += FA_SFX(fa_load)(a + d + FA_W) * FA_SFX(fa_load)(b + d + FA_W);
     }
     for (; d + FA_W <= n; d += FA_W) acc0 += FA_SFX(fa_load)(a + d) * FA_SFX(fa_load)(b + d);
-    acc0 += acc1;
     FA_T s = 0;
     for (; d < n; d++) s += a[d] * b[d];
-    for (int i = 0; i < FA_W; i++) s += acc0[i];
-    return s;
+    return s + FA_SFX(fa_hsum)(acc0 + acc1);
 }
 
 /* Prefetch the n elements from p (one hint per cache line).  These loops stream
