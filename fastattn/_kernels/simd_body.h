@@ -307,14 +307,33 @@ static inline void FA_SFX(fa_col_softmax_vec)(const FA_T *x, int64_t sx, FA_T *y
  * FA_HAVE_TRANSPOSE 0 and callers use scalar code. */
 #if defined(__GNUC__) && !defined(__clang__)
 #  define FA_HAVE_TRANSPOSE 1
+/* Masks of the transpose step h (below) for W lanes, from constant tables:
+ * built lane by lane, GCC assembles them at run time on every call. */
+static inline void FA_SFX(fa_transpose_masks)(int h, FA_VI *ma, FA_VI *mb)
+{
+    /* [log2 W - 1][log2 h][lane]: ma picks lane c of A (c & h == 0) or lane
+     * c - h of B; mb lane c + h of A or lane c of B (B's lanes numbered from W) */
+    static const FA_IT ta[4][4][16] = {
+        {{0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {{0, 4, 2, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 1, 4, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {{0, 8, 2, 10, 4, 12, 6, 14, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 1, 8, 9, 4, 5, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}, {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}, {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}, {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}},
+    };
+    static const FA_IT tb[4][4][16] = {
+        {{1, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {{1, 5, 3, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {2, 3, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {{1, 9, 3, 11, 5, 13, 7, 15, 0, 0, 0, 0, 0, 0, 0, 0}, {2, 3, 10, 11, 6, 7, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0}, {4, 5, 6, 7, 12, 13, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+        {{1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}, {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}, {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}, {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
+    };
+    memcpy(ma, ta[__builtin_ctz(FA_W) - 1][__builtin_ctz(h)], sizeof *ma);
+    memcpy(mb, tb[__builtin_ctz(FA_W) - 1][__builtin_ctz(h)], sizeof *mb);
+}
+
 static inline __attribute__((always_inline)) void FA_SFX(fa_transpose)(FA_V *r)
 {
     FA_UNROLL for (int h = FA_W / 2; h >= 1; h /= 2) {
         FA_VI ma, mb;
-        FA_UNROLL for (int c = 0; c < FA_W; c++) {
-            ma[c] = (c & h) ? FA_W + c - h : c;
-            mb[c] = (c & h) ? FA_W + c : c + h;
-        }
+        FA_SFX(fa_transpose_masks)(h, &ma, &mb);
         FA_UNROLL for (int a = 0; a < FA_W; a++)
             if (!(a & h)) {
                 const FA_V A = r[a], B = r[a + h];
