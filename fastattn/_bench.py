@@ -81,6 +81,10 @@ STANDARD_CASES = [
 # Features the standard table does not exercise.
 EXTRA_CASES = [
     _A("gqa-decode", 1, 32, 1, 8192, 128, Hkv=8, decode=True, extra=True),
+    _A("gqa8-decode", 1, 64, 1, 8192, 128, Hkv=8, decode=True, extra=True,
+       note="8 query heads per key/value head (a 70B-class model's layout)"),
+    _A("chunk", 1, 8, 16, 8192, 128, decode=True, extra=True,
+       note="16 new queries against a long KV cache (chunked prefill, speculative decoding)"),
     _A("window", 1, 4, 8192, 8192, 64, window=(256, 0), extra=True, slow_numpy=True,
        note="torch: same rule as a bool mask (it has no window)"),
     _A("mask", 1, 8, 1024, 1024, 64, mask="random", extra=True,
