@@ -105,7 +105,7 @@ ISA = FA_ISA.decode()
 
 cdef enum:
     MAXDIM = 64          # batch dims supported (NumPy's own limit)
-    BLOCK_Q = 64         # query rows per work unit (row-major path: decode, options)
+    BLOCK_Q = 64         # query rows per work unit (row-major path: decode, few rows, weights)
     BLOCK_QT = 128       # query rows per work unit (query-vectorised path)
     T_MIN_ROWS = 16      # fewer query rows than this (or than 3/4 of a chunk): row-major path
     BLOCK_K = 64         # keys per tile (a multiple of every QK panel width)
@@ -667,8 +667,9 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     cdef int v_nonfinite
     # few rows: dot products straight from the key rows and values read in place
     # (no packing), when the rows are contiguous and the values fill whole vectors.
-    # Up to 5 rows; from 6 on, packed tiles and the register-blocked kernels win
-    # (AVX-512, 8192 keys, D 128, paired: 5 rows even, 7 rows 1.17x)
+    # Up to 5 rows (fewer than FA_QK_MR on narrower ISAs); from 6 on, packed tiles
+    # and the register-blocked kernels win (AVX-512, 8192 keys, D 128, paired:
+    # 5 rows even, 7 rows 1.17x)
     cdef int few = nr < FA_QK_MR and nr < 6
     cdef int k_in_place = few and P.k.sc == 1
     cdef int v_in_place = few and P.v.sc == 1 and Dv % W == 0 and Dv > 0

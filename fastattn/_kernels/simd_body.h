@@ -109,10 +109,6 @@ static inline void FA_SFX(fa_store_part)(FA_T *p, FA_V v, int64_t n)
     for (int64_t i = 0; i < n; i++) p[i] = tmp[i];
 }
 
-/* Sum and max of the W lanes of v as a butterfly (log2 W shuffle + add steps),
- * not a chain of W dependent scalar adds: the dot products of the decode path
- * end in one of these per key and row.  Fixed order, so deterministic.  GCC's
- * __builtin_shuffle; elsewhere the scalar loop.  fa_hmax: no NaN lanes. */
 #if defined(__GNUC__) && !defined(__clang__)
 /* The mask c ^ h (lanes c < W, h < W <= 16) read from a constant table, so the
  * compiler sees a constant: a mask built lane by lane is built at run time. */
@@ -130,6 +126,10 @@ static inline FA_VI FA_SFX(fa_xor_mask)(int h)
 }
 #endif
 
+/* Sum and max of the W lanes of v as a butterfly (log2 W shuffle + add steps),
+ * not a chain of W dependent scalar adds: the dot products of the decode path
+ * end in one of these per key and row.  Fixed order, so deterministic.  GCC's
+ * __builtin_shuffle; elsewhere the scalar loop.  fa_hmax: no NaN lanes. */
 static inline FA_T FA_SFX(fa_hsum)(FA_V v)
 {
 #if defined(__GNUC__) && !defined(__clang__)
