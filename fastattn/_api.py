@@ -79,14 +79,13 @@ def _check_out(out, shape, dtype, inputs, name="out"):
 
 
 def _check_real(value, name):
-    if isinstance(value, (str, bytes)):
+    """A real scalar: a Python or NumPy real number, or a 0-d real array (the
+    reference's rule too); bools, complex, strings and arrays of ndim >= 1 are not."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {value!r}")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a real number, got {value!r}") from None
-    if isinstance(value, (bool, np.bool_)) or isinstance(value, complex):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
+    v = float(value)
     if not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return v

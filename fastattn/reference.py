@@ -161,7 +161,13 @@ def _check_window(window):
     raise TypeError(f"window must be None, an int or a (left, right) pair, got {window!r}")
 
 
+def _scalar(x):
+    """A 0-d array as its scalar (np.array(2.0) is a real number here too)."""
+    return x[()] if isinstance(x, np.ndarray) and x.ndim == 0 else x
+
+
 def _check_scale(scale, dk):
+    scale = _scalar(scale)
     if scale is None:
         return 1.0 / math.sqrt(dk) if dk > 0 else 1.0
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
@@ -173,6 +179,7 @@ def _check_scale(scale, dk):
 
 
 def _check_softcap(softcap):
+    softcap = _scalar(softcap)
     if softcap is None:
         return None
     if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):

@@ -107,6 +107,22 @@ def test_bad_window_type(window):
         fastattn.attention(*qkv(), window=window)
 
 
+@pytest.mark.parametrize("name", ["scale", "softcap"])
+def test_scalar_options_zero_d_arrays(name, rng):
+    """scale and softcap: a 0-d real array counts as a number, in the fast API and
+    in the reference alike; a 1-element array of ndim 1, a bool or a complex does not."""
+    q, k, v = (rng.standard_normal((2, 5, 8)) for _ in range(3))
+    for ok in (np.array(2.5), np.array(2.5, np.float32), np.array(3)):
+        got = fastattn.attention(q, k, v, **{name: ok})
+        want = fastattn.attention(q, k, v, **{name: float(ok)})
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(R.attention(q, k, v, **{name: ok}), want, rtol=1e-12, atol=1e-13)
+    for bad in (np.array([2.5]), np.array(True), np.array(1 + 2j), np.array("2")):
+        for fn in (fastattn.attention, R.attention):
+            with pytest.raises(TypeError, match=name):
+                fn(q, k, v, **{name: bad})
+
+
 @pytest.mark.parametrize("softcap", [0, 0.0, -1.0])
 def test_bad_softcap(softcap):
     with pytest.raises(ValueError, match="softcap"):
