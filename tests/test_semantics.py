@@ -666,6 +666,22 @@ def test_packed_tiles_mid_rows(rows, dtype, rng):
     assert_close(fastattn.attention(q, k, v, **opts), R.attention(q, k, v, **opts), dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("Lq", [5, 6, 7, 8, 15, 16, 23, 24, 25, 31, 32, 47, 48, 49, 64, 65])
+def test_path_boundaries(Lq, dtype, rng):
+    """Query-row counts around the switches between the few-row, packed row-major
+    and query-vectorised paths (5/6 rows; 3/4 of a query chunk: 24 float64 or 48
+    float32 rows on AVX-512, other counts on other ISAs), plain, causal and with
+    key lengths, against the reference."""
+    q = randn(rng, (2, 2, Lq, 40), dtype)
+    k = randn(rng, (2, 2, 150, 40), dtype)
+    v = randn(rng, (2, 2, 150, 24), dtype)
+    lengths = np.array([[150, 97], [64, 1]])
+    for opts in (dict(), dict(causal="bottom_right"), dict(kv_lengths=lengths)):
+        assert_close(fastattn.attention(q, k, v, **opts), R.attention(q, k, v, **opts), dtype,
+                     what=f"Lq={Lq} {opts}")
+
+
 @pytest.mark.parametrize("how", ["mask", "causal", "window"])
 def test_masked_keys_may_hold_garbage(how, rng):
     """Values of keys a row cannot see never reach that row, even when inf/NaN
