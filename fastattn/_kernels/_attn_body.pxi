@@ -533,18 +533,27 @@ cdef void pack_k_tile(const Plan *P, floating *kt, const floating *kbase, int64_
             else:
                 fa_tq_pack_d(kbase, offs, nk, Dk, 1, kt + (p0 // NR) * Dk * NR, NR, W * sr)
             p0 += NR
-        return
-    for j in range(n):
-        panel = kt + (j // NR) * Dk * NR + (j % NR)
-        src = kbase + (t0 + j) * sr
+    else:
+        for j in range(n):
+            panel = kt + (j // NR) * Dk * NR + (j % NR)
+            src = kbase + (t0 + j) * sr
+            for d in range(Dk):
+                panel[d * NR] = src[d * sc]
+    # a partial last panel: the QK kernel computes all NR columns, so the ones past
+    # the tile get zeros rather than the workspace's old contents (subnormal garbage
+    # would make those FMAs microcode assists)
+    if n % NR:
+        panel = kt + (n // NR) * Dk * NR
         for d in range(Dk):
-            panel[d * NR] = src[d * sc]
+            for j in range(n % NR, NR):
+                panel[d * NR + j] = 0
 
 
 cdef int pack_v_tile(const Plan *P, floating *vp, int64_t dvp, const floating *vbase,
                      int64_t t0, int64_t n) noexcept nogil:
-    """Copy value rows t0..t0+n-1 into rows of dvp (padding columns stay zero).
-    Returns 1 when the tile holds an inf or NaN (see pv_rows_exact)."""
+    """Copy value rows t0..t0+n-1 into rows of dvp, padding columns set to zero
+    (the P.V kernel runs whole vectors).  Returns 1 when the tile holds an inf or
+    NaN (see pv_rows_exact)."""
     cdef int64_t j, c, Dv = P.Dv, sr = P.v.sr, sc = P.v.sc
     cdef const floating *src
     cdef floating x, probe = 0
@@ -559,6 +568,8 @@ cdef int pack_v_tile(const Plan *P, floating *vp, int64_t dvp, const floating *v
             x = src[c * sc]
             vp[j * dvp + c] = x
             probe += x * 0      # stays 0 unless some x is inf or NaN
+        for c in range(Dv, dvp):
+            vp[j * dvp + c] = 0
     return probe != 0
 
 
@@ -680,6 +691,12 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
 
     setup_rows(P, ws, b, r0, nr, kb, ke, &lo_all, &hi_all)
     pack_q(P, ws, (<floating *>P.q.base) + qb, nr)
+    # The P.V kernel runs whole blocks of FA_PV_MR rows, so it also reads the
+    # probability rows nr..Rp-1, which the QK kernel may never write: zeros, not
+    # whatever the workspace held (subnormal garbage made every FMA of those
+    # rows a microcode assist: the same call 2-3x slower in some processes)
+    for i in range(nr * BLOCK_K, Rp * BLOCK_K):
+        s[i] = 0
     for i in range(Rp):
         m[i] = -INFINITY
         l[i] = 0
