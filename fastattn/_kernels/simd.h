@@ -89,6 +89,15 @@
 #  define FA_PF_LOC 3        /* __builtin_prefetch locality: 3 = prefetcht0 */
 #endif
 
+/* GCC's __builtin_shuffle (one or two source vectors, constant mask): the
+ * register transposes and the lane butterflies of simd_body.h; without it
+ * (clang spells it differently, MSVC has none) they fall back to scalar code. */
+#if defined(__GNUC__) && !defined(__clang__)
+#  define FA_HAVE_SHUFFLE 1
+#else
+#  define FA_HAVE_SHUFFLE 0
+#endif
+
 #if defined(__clang__)
 #  define FA_UNROLL _Pragma("clang loop unroll(full)")
 #elif defined(__GNUC__)

@@ -109,7 +109,7 @@ static inline void FA_SFX(fa_store_part)(FA_T *p, FA_V v, int64_t n)
     for (int64_t i = 0; i < n; i++) p[i] = tmp[i];
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
+#if FA_HAVE_SHUFFLE
 /* The mask c ^ h (lanes c < W, h < W <= 16) read from a constant table, so the
  * compiler sees a constant: a mask built lane by lane is built at run time. */
 static inline FA_VI FA_SFX(fa_xor_mask)(int h)
@@ -132,7 +132,7 @@ static inline FA_VI FA_SFX(fa_xor_mask)(int h)
  * __builtin_shuffle; elsewhere the scalar loop.  fa_hmax: no NaN lanes. */
 static inline FA_T FA_SFX(fa_hsum)(FA_V v)
 {
-#if defined(__GNUC__) && !defined(__clang__)
+#if FA_HAVE_SHUFFLE
     FA_UNROLL for (int h = FA_W / 2; h >= 1; h /= 2) v += __builtin_shuffle(v, FA_SFX(fa_xor_mask)(h));
     return v[0];
 #else
@@ -144,7 +144,7 @@ static inline FA_T FA_SFX(fa_hsum)(FA_V v)
 
 static inline FA_T FA_SFX(fa_hmax)(FA_V v)
 {
-#if defined(__GNUC__) && !defined(__clang__)
+#if FA_HAVE_SHUFFLE
     FA_UNROLL for (int h = FA_W / 2; h >= 1; h /= 2)
         v = FA_SFX(FA_VMAX)(v, __builtin_shuffle(v, FA_SFX(fa_xor_mask)(h)));
     return v[0];
@@ -303,10 +303,9 @@ static inline void FA_SFX(fa_col_softmax_vec)(const FA_T *x, int64_t sx, FA_T *y
 
 /* In-register transpose of a W x W block: r[a][c] -> r[c][a].  At each level h
  * the off-diagonal h x h blocks of every 2h x 2h block swap (two two-source
- * shuffles per row pair, vpermt2ps on AVX-512).  GCC only; others get
- * FA_HAVE_TRANSPOSE 0 and callers use scalar code. */
-#if defined(__GNUC__) && !defined(__clang__)
-#  define FA_HAVE_TRANSPOSE 1
+ * shuffles per row pair, vpermt2ps on AVX-512).  Only with FA_HAVE_SHUFFLE;
+ * without it callers use scalar code. */
+#if FA_HAVE_SHUFFLE
 /* Masks of the transpose step h (below) for W lanes, from constant tables:
  * built lane by lane, GCC assembles them at run time on every call. */
 static inline void FA_SFX(fa_transpose_masks)(int h, FA_VI *ma, FA_VI *mb)
@@ -342,8 +341,6 @@ static inline __attribute__((always_inline)) void FA_SFX(fa_transpose)(FA_V *r)
             }
     }
 }
-#else
-#  define FA_HAVE_TRANSPOSE 0
 #endif
 
 /* Output rows of the query-vectorised path: o[i * sor + c] = Ot[c][i] * inv[i]
@@ -354,7 +351,7 @@ static inline void FA_SFX(fa_tout_rows)(const FA_T *ot, int64_t ldo, int64_t nr,
                                         const FA_T *inv, FA_T *o, int64_t sor)
 {
     int64_t i0 = 0;
-#if FA_HAVE_TRANSPOSE
+#if FA_HAVE_SHUFFLE
     for (; i0 + FA_W <= nr; i0 += FA_W) {
         int64_t c0 = 0;
         for (; c0 + FA_W <= Dv; c0 += FA_W) {
@@ -381,7 +378,7 @@ static inline void FA_SFX(fa_tq_pack)(const FA_T *q, const int64_t *qoff, int64_
                                       FA_T *qt, int64_t ld, int64_t pf)
 {
     int64_t i0 = 0;
-#if FA_HAVE_TRANSPOSE
+#if FA_HAVE_SHUFFLE
     for (; i0 + FA_W <= nr; i0 += FA_W) {
         int64_t d0 = 0;
         for (; d0 + FA_W <= D; d0 += FA_W) {
@@ -587,10 +584,7 @@ static inline int FA_SFX(fa_pack_rows)(const FA_T *src, int64_t sr, int64_t n, i
             acc0 += x * 0;
         }
     }
-    const FA_V a = acc0 + acc1;
-    int bad = 0;
-    for (int i = 0; i < FA_W; i++) bad |= a[i] != 0;
-    return bad;
+    return FA_SFX(fa_hsum)(acc0 + acc1) != 0;    /* lanes hold 0 or NaN */
 }
 
 /* S[i][j] = qp[i] . k[j] for i < nr, j < n; key rows contiguous, ksr apart. */
@@ -894,9 +888,7 @@ static inline int FA_SFX(fa_block_nonfinite)(const FA_T *x, int64_t rows, int64_
         }
         for (; c < cols; c++) probe += row[c * sc] * 0;
     }
-    acc0 += (acc1 + acc2) + acc3;
-    for (int i = 0; i < FA_W; i++) probe += acc0[i];
-    return probe != 0;
+    return probe + FA_SFX(fa_hsum)((acc0 + acc1) + (acc2 + acc3)) != 0;    /* 0 or NaN */
 }
 
 #undef FA_T_CHUNK
