@@ -85,7 +85,7 @@ def attention_problems(draw):
         batch = (0,) + batch[1:]                      # an empty batch dim now and then
     hk = draw(st.integers(1, 3))
     g = draw(st.sampled_from([1, 1, 2, 3]))           # GQA: query heads = g * kv heads
-    kind = draw(st.sampled_from(["prefill", "prefill", "decode", "long_decode", "tiny"]))
+    kind = draw(st.sampled_from(["prefill", "prefill", "decode", "long_decode", "long_chunk", "tiny"]))
     if kind == "prefill":
         Lq, Lk = draw(st.integers(1, 70)), draw(st.integers(1, 140))
     elif kind == "decode":
@@ -93,10 +93,14 @@ def attention_problems(draw):
     elif kind == "long_decode":                       # the split-key path
         Lq, Lk = 1, draw(st.integers(1024, 2600))
         batch, hk, g = (), draw(st.integers(1, 2)), draw(st.sampled_from([1, 4]))
+    elif kind == "long_chunk":                        # query-vectorised units, split keys
+        Lq, Lk = draw(st.sampled_from([16, 31, 32, 45, 64, 80])), draw(st.integers(2048, 2600))
+        batch, hk, g = (), draw(st.integers(1, 2)), draw(st.sampled_from([1, 2]))
     else:
         Lq, Lk = draw(st.integers(0, 3)), draw(st.integers(0, 3))
-    Dk = draw(st.sampled_from([1, 3, 8, 16, 17, 32, 64, 0])) if kind != "long_decode" else 16
-    Dv = draw(st.sampled_from([1, 4, 8, 13, 32, 0])) if kind != "long_decode" else 8
+    long = kind in ("long_decode", "long_chunk")
+    Dk = draw(st.sampled_from([1, 3, 8, 16, 17, 32, 64, 0])) if not long else 16
+    Dv = draw(st.sampled_from([1, 4, 8, 13, 32, 0])) if not long else 8
     dts = [draw(st.sampled_from(DTYPES)) for _ in range(3)]
     if draw(st.booleans()):
         dts = [dts[0]] * 3
@@ -131,7 +135,7 @@ def attention_problems(draw):
         kw["alibi_slopes"] = rng.uniform(0, 1, size=_broadcastable(rng, bshape))
     if draw(st.integers(0, 3)) == 0:
         kw["scale"] = draw(st.floats(-2.0, 2.0))
-    kw["return_weights"] = kind != "long_decode" and draw(st.booleans())
+    kw["return_weights"] = not long and draw(st.booleans())
     kw["return_lse"] = draw(st.booleans())
     kw["num_threads"] = draw(st.sampled_from([1, 2, 3]))
     if draw(st.integers(0, 4)) == 0:

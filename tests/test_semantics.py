@@ -667,12 +667,14 @@ def test_packed_tiles_mid_rows(rows, dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("Lq", [5, 6, 7, 8, 15, 16, 23, 24, 25, 31, 32, 47, 48, 49, 64, 65])
+@pytest.mark.parametrize("Lq", [5, 6, 7, 8, 15, 16, 17, 20, 21, 23, 24, 25, 27, 28, 31, 32, 33,
+                                41, 42, 47, 48, 49, 64, 65])
 def test_path_boundaries(Lq, dtype, rng):
     """Query-row counts around the switches between the few-row, packed row-major
-    and query-vectorised paths (5/6 rows; 3/4 of a query chunk: 24 float64 or 48
-    float32 rows on AVX-512, other counts on other ISAs), plain, causal and with
-    key lengths, against the reference."""
+    and query-vectorised paths (5/6 rows; whole vectors with at most 1/8 padding:
+    16, 28-32, 42-47 float32 rows or 16, 21-23 float64 rows on AVX-512; 3/4 of a
+    widest chunk: 48 float32 / 24 float64 rows on AVX-512; other counts on other
+    ISAs), plain, causal and with key lengths, against the reference."""
     q = randn(rng, (2, 2, Lq, 40), dtype)
     k = randn(rng, (2, 2, 150, 40), dtype)
     v = randn(rng, (2, 2, 150, 24), dtype)
@@ -697,3 +699,38 @@ def test_masked_keys_may_hold_garbage(how, rng):
     else:
         assert np.isnan(want[..., 5, :]).all() and not np.isnan(want[..., :5, :]).any()
     assert_close(out, want, np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("Lq", [16, 32, 45, 80, 104])
+def test_query_vectorised_key_splits(Lq, dtype, rng):
+    """Few query-vectorised units over many keys: the key range is split (a rule of
+    the shape alone) and the splits merged.  Row counts that cut a unit into
+    chunks of 4, 2 and 1 vectors; splits that some rows cannot see (causal top-left,
+    key lengths), a NaN query row, a row whose scores are all -inf, inf/NaN values
+    hidden by the mask.  Against the reference, and bit-identical for any number
+    of threads."""
+    Lk = 2600
+    q = randn(rng, (1, 2, Lq, 24), dtype)
+    k = randn(rng, (1, 2, Lk, 24), dtype)
+    v = randn(rng, (1, 2, Lk, 40), dtype)
+    q[0, 1, 3] = np.nan                                  # one NaN row
+    bias = np.zeros((1, 2, Lq, Lk), dtype)
+    bias[0, 0, 5] = -np.inf                              # one row that sees nothing
+    mask = rng.random((Lq, Lk)) < 0.9
+    v[0, 0, ~mask[0]] = np.inf                           # hidden from row 0 only
+    lengths = np.array([[Lk, 1000]])
+    cases = (dict(), dict(causal=True), dict(causal="bottom_right"), dict(kv_lengths=lengths),
+             dict(window=(300, 40)), dict(bias=bias), dict(mask=mask))
+    for opts in cases:
+        vv = v if "mask" in opts else np.where(np.isinf(v), 1.0, v).astype(dtype)
+        qq = q if "bias" not in opts else np.nan_to_num(q)
+        want_out, want_lse = R.attention(qq, k, vv, return_lse=True, **opts)
+        outs = [fastattn.attention(qq, k, vv, return_lse=True, num_threads=nt, **opts)
+                for nt in (1, 2, 3)]
+        what = f"Lq={Lq} {sorted(opts)}"
+        assert_close(outs[0][0], want_out, dtype, what=f"out {what}")
+        assert_close(outs[0][1], want_lse, compute_dtype(dtype), what=f"lse {what}")
+        for o, lse in outs[1:]:
+            assert np.array_equal(o, outs[0][0], equal_nan=True), f"out differs with threads ({what})"
+            assert np.array_equal(lse, outs[0][1], equal_nan=True), f"lse differs with threads ({what})"

@@ -9,7 +9,7 @@
 
 from cython.parallel cimport prange, parallel
 from libc.stdint cimport int64_t, uint8_t, uintptr_t
-from libc.math cimport exp, log, sqrt, isfinite, INFINITY
+from libc.math cimport exp, log, sqrt, isfinite, INFINITY, NAN
 
 cimport numpy as cnp
 
@@ -67,21 +67,23 @@ cdef extern from "simd.h" nogil:
     void fa_pv_block_d(const double *p, int64_t ldp, const double *vp, int64_t ldv,
                        int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
     void fa_tqk_chunk_f(const float *k, int64_t ksr, int64_t ksc, const float *qt, int64_t ldq,
-                        int64_t D, float *st, int64_t lds, int64_t j0, int64_t j1, float *mx)
+                        int64_t D, float *st, int64_t lds, int64_t j0, int64_t j1, float *mx, int nv,
+                        int pf)
     void fa_tqk_chunk_d(const double *k, int64_t ksr, int64_t ksc, const double *qt, int64_t ldq,
-                        int64_t D, double *st, int64_t lds, int64_t j0, int64_t j1, double *mx)
+                        int64_t D, double *st, int64_t lds, int64_t j0, int64_t j1, double *mx, int nv,
+                        int pf)
     void fa_tpv_chunk_f(const float *v, int64_t vsr, int64_t vsc, int64_t Dv, const float *pt,
-                        int64_t lds, int64_t j0, int64_t j1, float *ot, int64_t ldo)
+                        int64_t lds, int64_t j0, int64_t j1, float *ot, int64_t ldo, int nv)
     void fa_tpv_chunk_d(const double *v, int64_t vsr, int64_t vsc, int64_t Dv, const double *pt,
-                        int64_t lds, int64_t j0, int64_t j1, double *ot, int64_t ldo)
+                        int64_t lds, int64_t j0, int64_t j1, double *ot, int64_t ldo, int nv)
     void fa_tmask_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
-                          const float *lo, const float *hi)
+                          const float *lo, const float *hi, int nv)
     void fa_tmask_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
-                          const double *lo, const double *hi)
+                          const double *lo, const double *hi, int nv)
     void fa_tsoftmax_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, float *l,
-                             float *ot, int64_t ldo, int64_t Dv, const float *mx)
+                             float *ot, int64_t ldo, int64_t Dv, const float *mx, int nv)
     void fa_tsoftmax_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, double *m, double *l,
-                             double *ot, int64_t ldo, int64_t Dv, const double *mx)
+                             double *ot, int64_t ldo, int64_t Dv, const double *mx, int nv)
     void fa_qk_rows_f(const float *qp, int64_t ldq, int64_t nr, int64_t D, const float *k, int64_t ksr,
                       int64_t n, float *s, int64_t lds)
     void fa_qk_rows_d(const double *qp, int64_t ldq, int64_t nr, int64_t D, const double *k, int64_t ksr,
@@ -91,9 +93,11 @@ cdef extern from "simd.h" nogil:
     void fa_pv_rows_d(const double *p, int64_t ldp, int64_t nr, const double *v, int64_t ldv,
                       int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
     void fa_tmask_bool_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
-                               const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf)
+                               const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf,
+                               int nv)
     void fa_tmask_bool_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
-                               const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf)
+                               const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf,
+                               int nv)
     void fa_prefetch_rows_f(const float *p, int64_t nrows, int64_t sr, int64_t n)
     void fa_prefetch_rows_d(const double *p, int64_t nrows, int64_t sr, int64_t n)
     int fa_block_nonfinite_f(const float *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
@@ -114,6 +118,9 @@ cdef enum:
     SOFTMAX_PARALLEL_MIN = 32768  # elements; softmax of fewer runs on the calling thread
     SPLIT_TARGET = 32    # split the key range when fewer units than this ...
     SPLIT_MIN_KEYS = 512 # ... into chunks of at least this many keys
+    SPLIT_MIN_KEYS_T = 1024  # (query-vectorised units: each split repacks its queries,
+                         # writes a partial output and is merged: measured 4-5 % of
+                         # the time at 512 keys per split, so at most ~2 % here)
     CAUSAL_NONE = 0
     CAUSAL_TOP_LEFT = 1
     CAUSAL_BOTTOM_RIGHT = 2
@@ -269,33 +276,34 @@ cdef inline void pv_block(const floating *p, int64_t ldp, const floating *vp, in
 
 cdef inline void tqk_chunk(const floating *k, int64_t ksr, int64_t ksc, const floating *qt, int64_t ldq,
                            int64_t D, floating *st, int64_t lds, int64_t j0, int64_t j1,
-                           floating *mx) noexcept nogil:
+                           floating *mx, int nv, int pf) noexcept nogil:
     if floating is float:
-        fa_tqk_chunk_f(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx)
+        fa_tqk_chunk_f(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, nv, pf)
     else:
-        fa_tqk_chunk_d(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx)
+        fa_tqk_chunk_d(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, nv, pf)
 
 cdef inline void tpv_chunk(const floating *v, int64_t vsr, int64_t vsc, int64_t Dv, const floating *pt,
-                           int64_t lds, int64_t j0, int64_t j1, floating *ot, int64_t ldo) noexcept nogil:
+                           int64_t lds, int64_t j0, int64_t j1, floating *ot, int64_t ldo,
+                           int nv) noexcept nogil:
     if floating is float:
-        fa_tpv_chunk_f(v, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo)
+        fa_tpv_chunk_f(v, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, nv)
     else:
-        fa_tpv_chunk_d(v, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo)
+        fa_tpv_chunk_d(v, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, nv)
 
 cdef inline void tmask_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
-                             const floating *lo, const floating *hi) noexcept nogil:
+                             const floating *lo, const floating *hi, int nv) noexcept nogil:
     if floating is float:
-        fa_tmask_chunk_f(st, lds, j0, j1, t0, lo, hi)
+        fa_tmask_chunk_f(st, lds, j0, j1, t0, lo, hi, nv)
     else:
-        fa_tmask_chunk_d(st, lds, j0, j1, t0, lo, hi)
+        fa_tmask_chunk_d(st, lds, j0, j1, t0, lo, hi, nv)
 
 cdef inline void tsoftmax_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, floating *m,
                                 floating *l, floating *ot, int64_t ldo, int64_t Dv,
-                                const floating *mx) noexcept nogil:
+                                const floating *mx, int nv) noexcept nogil:
     if floating is float:
-        fa_tsoftmax_chunk_f(st, lds, j0, j1, m, l, ot, ldo, Dv, mx)
+        fa_tsoftmax_chunk_f(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, nv)
     else:
-        fa_tsoftmax_chunk_d(st, lds, j0, j1, m, l, ot, ldo, Dv, mx)
+        fa_tsoftmax_chunk_d(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, nv)
 
 cdef inline void qk_rows(const floating *qp, int64_t ldq, int64_t nr, int64_t D, const floating *k,
                          int64_t ksr, int64_t n, floating *s, int64_t lds) noexcept nogil:
@@ -313,11 +321,11 @@ cdef inline void pv_rows(const floating *p, int64_t ldp, int64_t nr, const float
 
 cdef inline void tmask_bool_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                   const uint8_t *const *mrows, int64_t nl, int64_t sc,
-                                  uint8_t *tbuf) noexcept nogil:
+                                  uint8_t *tbuf, int nv) noexcept nogil:
     if floating is float:
-        fa_tmask_bool_chunk_f(st, lds, j0, j1, t0, mrows, nl, sc, tbuf)
+        fa_tmask_bool_chunk_f(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, nv)
     else:
-        fa_tmask_bool_chunk_d(st, lds, j0, j1, t0, mrows, nl, sc, tbuf)
+        fa_tmask_bool_chunk_d(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, nv)
 
 cdef inline int block_nonfinite(const floating *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc) noexcept nogil:
     if floating is float:
@@ -886,7 +894,8 @@ cdef void apply_score_options_t(const Plan *P, const Workspace *ws, floating *st
             r = i0 + i
             grp = ws.goff[r]
             mrows[i] = (<const uint8_t *>P.mask.base) + mbo + grp * P.mask.sg + (r0 + r - grp * P.Lq) * P.mask.sr
-        tmask_bool_chunk(st, ld, j0, j1, t0, mrows, ni, P.mask.sc, <uint8_t *>ws.mtb)
+        tmask_bool_chunk(st, ld, j0, j1, t0, mrows, ni, P.mask.sc, <uint8_t *>ws.mtb,
+                         <int>(nlanes // (FA_VBYTES // sizeof(floating))))
 
 
 cdef inline void prefetch_tile(const Plan *P, const floating *kbase, const floating *vbase,
@@ -899,19 +908,23 @@ cdef inline void prefetch_tile(const Plan *P, const floating *kbase, const float
 
 
 cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
-                     floating dtype_tag) noexcept nogil:
-    """Query-vectorised unit: rows r0..r0+nr-1 (nr <= BLOCK_QT) of batch b, all keys.
+                     int64_t kb, int64_t ke, floating *part_o, floating *part_m,
+                     double *part_l) noexcept nogil:
+    """Query-vectorised unit: rows r0..r0+nr-1 (nr <= BLOCK_QT) of batch b, keys kb..ke-1.
 
     Lanes run over queries: Qt (Dk x lanes) is packed once, keys and values are
     read in place as broadcast scalars, and each query's online softmax (max,
-    sum, rescale) is a vertical vector operation.  Used for every option except
-    key splits and return_weights (the row-major run_unit does those)."""
+    sum, rescale) is a vertical vector operation.  The rows are cut into chunks
+    of FA_T_NV, 2 or 1 vectors of lanes (the widest that the remaining rows
+    fill), so a unit of 16 float32 rows is one vector wide, not a quarter of a
+    4-vector chunk.  Used for every option except return_weights (the row-major
+    run_unit does that).  With part_o given (a key split), the unit leaves each
+    row's reference max, sum and unnormalised output there for merge_splits."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
-    cdef int64_t CH = FA_T_NV * W
     cdef int64_t ld = t_ld(sizeof(floating))
-    cdef int64_t nch = (nr + CH - 1) // CH
-    cdef int64_t lanes = nch * CH
-    cdef int64_t Dk = P.Dk, Dv = P.Dv, i, d, c, ch, j, j0, j1, jj0, jj1, t0, t1, n
+    cdef int64_t nch = 0, lanes = 0, nvec = (nr + W - 1) // W
+    cdef int64_t Dk = P.Dk, Dv = P.Dv, i, d, c, ch, j, j0, j1, jj0, jj1, t0, t1, n, c0, cw
+    cdef int nv
     cdef int64_t lo_all, hi_all, grp, pos
     cdef floating *qt = <floating *>ws.qt
     cdef floating *st = <floating *>ws.st
@@ -942,8 +955,18 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     cdef int64_t ch_hi[64]
     cdef int64_t ch_lomax[64]
     cdef int64_t ch_himin[64]
+    cdef int64_t ch_c0[64]      # first lane of each chunk
+    cdef int ch_nv[64]          # its width in vectors
 
-    setup_rows(P, ws, b, r0, nr, 0, P.Lk, &lo_all, &hi_all)
+    # chunks: as many of FA_T_NV vectors as the rows fill, then 2, then 1
+    while nvec > 0:
+        nv = FA_T_NV if nvec >= FA_T_NV else (2 if nvec >= 2 else 1)
+        ch_c0[nch] = lanes
+        ch_nv[nch] = nv
+        lanes += nv * W
+        nvec -= nv
+        nch += 1
+    setup_rows(P, ws, b, r0, nr, kb, ke, &lo_all, &hi_all)
     # Start the first key/value tile and the query rows on their way from
     # memory before the (latency-bound) transposed query pack; later tiles
     # are requested one tile ahead in the loop below.
@@ -982,7 +1005,7 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
         ch_hi[ch] = 0
         ch_lomax[ch] = 0
         ch_himin[ch] = P.Lk
-        for i in range(ch * CH, (ch + 1) * CH):
+        for i in range(ch_c0[ch], ch_c0[ch] + ch_nv[ch] * W):
             if i < nr and ws.hi[i] > ws.lo[i]:
                 ch_lo[ch] = min(ch_lo[ch], ws.lo[i])
                 ch_hi[ch] = max(ch_hi[ch], ws.hi[i])
@@ -995,34 +1018,36 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     while t0 < hi_all:
         t1 = min(t0 + BLOCK_K, hi_all)
         n = t1 - t0
-        if t1 < hi_all:
-            prefetch_tile(P, kbase, vbase, t1, min(t1 + BLOCK_K, hi_all))
         vnf = block_nonfinite(vbase + t0 * P.v.sr, n, Dv, P.v.sr, P.v.sc)
         for ch in range(nch):
             j0 = max(t0, ch_lo[ch]) - t0
             j1 = min(t1, ch_hi[ch]) - t0
             if j0 >= j1:
                 continue
+            c0 = ch_c0[ch]
+            nv = ch_nv[ch]
+            cw = nv * W
             # scores left as computed (no options, no lane masked in this tile):
             # the tile max comes out of the QK registers instead of a pass over St
             masked = ch_lomax[ch] > t0 + j0 or ch_himin[ch] < t0 + j1
             mx = NULL
             if not needs_options and not masked:
                 mx = mxt
-                for i in range(CH):
+                for i in range(cw):
                     mx[i] = -INFINITY
-            tqk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + ch * CH, ld, Dk, st + ch * CH, ld, j0, j1, mx)
+            tqk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + c0, ld, Dk, st + c0, ld, j0, j1, mx, nv,
+                      ch == 0)
             if needs_options:
-                apply_score_options_t(P, ws, st + ch * CH, ld, j0, j1, t0, ch * CH,
-                                      min(CH, nr - ch * CH), CH, b, r0, mbo, bbo)
+                apply_score_options_t(P, ws, st + c0, ld, j0, j1, t0, c0,
+                                      min(cw, nr - c0), cw, b, r0, mbo, bbo)
             if masked:
-                tmask_chunk(st + ch * CH, ld, j0, j1, t0, lof + ch * CH, hif + ch * CH)
-            tsoftmax_chunk(st + ch * CH, ld, j0, j1, m + ch * CH, l + ch * CH, ot + ch * CH, ld, Dv, mx)
+                tmask_chunk(st + c0, ld, j0, j1, t0, lof + c0, hif + c0, nv)
+            tsoftmax_chunk(st + c0, ld, j0, j1, m + c0, l + c0, ot + c0, ld, Dv, mx, nv)
             if not vnf:
-                tpv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + ch * CH, ld, j0, j1, ot + ch * CH, ld)
+                tpv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + c0, ld, j0, j1, ot + c0, ld, nv)
             else:
                 # values hold inf/NaN: only each lane's visible keys may touch it
-                for i in range(ch * CH, min((ch + 1) * CH, nr)):
+                for i in range(c0, min(c0 + cw, nr)):
                     jj0 = max(ws.lo[i] - t0, j0)
                     jj1 = min(ws.hi[i] - t0, j1)
                     if P.has_mask:
@@ -1037,6 +1062,16 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                         for c in range(Dv):
                             ot[c * ld + i] += p * src[c * P.v.sc]
         t0 = t1
+
+    if part_o != NULL:
+        # a key split: the reference max (NaN for a row made NaN by NaN scores,
+        # whose max skipped them), the sum and the unnormalised output, per row
+        for i in range(nr):
+            part_m[i] = m[i] if l[i] == l[i] else <floating>NAN
+            part_l[i] = l[i]
+            lof[i] = 1        # (the lanes' key ranges are no longer needed)
+        tout_rows(ot, ld, nr, Dv, lof, part_o, Dv)
+        return
 
     # Ot / l into the output rows (zeros for a row that saw no key).  Rows of
     # one group with contiguous elements are equally spaced: blocks transposed
@@ -1074,12 +1109,18 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
 
 cdef void merge_splits(const Plan *P, int64_t b, int64_t r0, int64_t nr, int64_t nsplit,
                        const floating *po, const floating *pm, const double *pl, int64_t stride_split) noexcept nogil:
-    """Combine the key splits of rows r0.. of batch b, in split order (deterministic)."""
-    cdef int64_t i, sp, c, grp, pos, Dv = P.Dv
-    cdef floating M, mi
-    cdef double L, wgt
+    """Combine the key splits of rows r0.. of batch b, in split order (deterministic).
+
+    Each split's weight exp(m_split - M) / L is computed once per row; the output
+    row is then a sum of whole split rows (a vector loop: with many rows, e.g.
+    a query-vectorised unit split in two, the merge must not cost Dv exps per row)."""
+    cdef int64_t i, sp, c, grp, pos, Dv = P.Dv, osc = P.o.sc
+    cdef floating M, mi, wf
+    cdef double L
+    cdef double wgt[SPLIT_TARGET]       # exp(m_split - M) of each split (nsplit <= SPLIT_TARGET)
     cdef floating *orow
-    cdef double acc
+    cdef const floating *src
+    cdef int first
     for i in range(nr):
         M = -INFINITY
         for sp in range(nsplit):
@@ -1092,21 +1133,36 @@ cdef void merge_splits(const Plan *P, int64_t b, int64_t r0, int64_t nr, int64_t
         L = 0
         for sp in range(nsplit):
             mi = pm[sp * stride_split + i]
+            # a split that saw no key (max -inf) takes no part
+            wgt[sp] = exp(mi - M) if mi != -INFINITY else 0
             if mi != -INFINITY:
-                L += pl[sp * stride_split + i] * exp(mi - M)
+                L += pl[sp * stride_split + i] * wgt[sp]
         if M == -INFINITY or not (L > 0 or L != L):
             for c in range(Dv):
-                orow[c * P.o.sc] = 0
+                orow[c * osc] = 0
             if P.want_lse:
                 (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = -INFINITY
             continue
-        for c in range(Dv):
-            acc = 0
-            for sp in range(nsplit):
-                mi = pm[sp * stride_split + i]
-                if mi != -INFINITY:
-                    acc += po[(sp * stride_split + i) * Dv + c] * exp(mi - M)
-            orow[c * P.o.sc] = <floating>(acc / L)
+        first = 1
+        for sp in range(nsplit):
+            if pm[sp * stride_split + i] == -INFINITY:
+                continue
+            src = po + (sp * stride_split + i) * Dv
+            wf = <floating>(wgt[sp] / L)
+            if first:
+                if osc == 1:
+                    for c in range(Dv):
+                        orow[c] = src[c] * wf
+                else:
+                    for c in range(Dv):
+                        orow[c * osc] = src[c] * wf
+                first = 0
+            elif osc == 1:
+                for c in range(Dv):
+                    orow[c] += src[c] * wf
+            else:
+                for c in range(Dv):
+                    orow[c * osc] += src[c] * wf
         if P.want_lse:
             (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = <floating>(M + log(L))
 
@@ -1123,6 +1179,7 @@ cdef enum:
     UNIT_T = 1           # query-vectorised unit
     UNIT_WEIGHTS = 2     # row-major unit, statistics pass then weights pass
     UNIT_SPLIT = 3       # one key split of a row-major unit (merged afterwards)
+    UNIT_T_SPLIT = 4     # one key split of a query-vectorised unit
 
 
 cdef void do_unit(const Plan *P, Workspace *ws, int64_t u, int kind, int64_t units, int64_t nblk,
@@ -1130,24 +1187,30 @@ cdef void do_unit(const Plan *P, Workspace *ws, int64_t u, int kind, int64_t uni
                   floating *po, floating *pm, double *pl) noexcept nogil:
     """Work unit u of attention_run (the same on the serial and the threaded path)."""
     cdef int64_t b, r0, nr, sp, kb, ke, uu
-    if kind == UNIT_SPLIT:
+    if kind == UNIT_SPLIT or kind == UNIT_T_SPLIT:
         sp = u // units
         uu = u % units
         b = uu // nblk
-        r0 = (uu % nblk) * BLOCK_Q
-        nr = min(BLOCK_Q, P.nrows - r0)
+        r0 = (uu % nblk) * bq
+        nr = min(bq, P.nrows - r0)
         kb = sp * chunk
         ke = min(P.Lk, kb + chunk)
-        run_unit(P, ws, b, r0, nr, kb, ke, MODE_PARTIAL, <floating *>NULL,
-                 po + (sp * stride_split + uu * rows) * P.Dv,
-                 pm + sp * stride_split + uu * rows,
-                 pl + sp * stride_split + uu * rows)
+        if kind == UNIT_T_SPLIT:
+            run_unit_t(P, ws, b, r0, nr, kb, ke,
+                       po + (sp * stride_split + uu * rows) * P.Dv,
+                       pm + sp * stride_split + uu * rows,
+                       pl + sp * stride_split + uu * rows)
+        else:
+            run_unit(P, ws, b, r0, nr, kb, ke, MODE_PARTIAL, <floating *>NULL,
+                     po + (sp * stride_split + uu * rows) * P.Dv,
+                     pm + sp * stride_split + uu * rows,
+                     pl + sp * stride_split + uu * rows)
         return
     b = u // nblk
     r0 = (u % nblk) * bq
     nr = min(bq, P.nrows - r0)
     if kind == UNIT_T:
-        run_unit_t(P, ws, b, r0, nr, <floating>0)
+        run_unit_t(P, ws, b, r0, nr, 0, P.Lk, <floating *>NULL, <floating *>NULL, <double *>NULL)
     elif kind == UNIT_WEIGHTS:
         run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_STATS, stats + u * rows,
                  <floating *>NULL, <floating *>NULL, <double *>NULL)
@@ -1158,24 +1221,30 @@ cdef void do_unit(const Plan *P, Workspace *ws, int64_t u, int kind, int64_t uni
                  <floating *>NULL, <floating *>NULL, <double *>NULL)
 
 
-cdef inline int64_t t_min_rows(size_t item) noexcept nogil:
-    """Fewest query rows (per batch entry) for the query-vectorised path.  Its lanes
-    are queries, so with fewer rows than a chunk (FA_T_NV vectors) part of every
-    vector is padding; measured on AVX-512, the row-major path (with its packed
-    key and value tiles) is faster below about 3/4 of a chunk: float32 rows 16-32
-    of a 64-lane chunk up to 1.7x faster row-major, 48 rows mixed (0.8-1.03);
-    float64 24 rows of 32: 1.04, 32 rows: 0.72."""
-    cdef int64_t ch = FA_T_NV * (FA_VBYTES // item)
-    return max(<int64_t>T_MIN_ROWS, 3 * ch // 4)
+cdef inline int use_t_path(int64_t nrows, size_t item) noexcept nogil:
+    """Query-vectorised path for this many query rows (per batch entry)?  Its lanes
+    are queries, so with a row count that is not a whole number of vectors part of
+    the last vector is padding.  Measured on AVX-512 (float32, Lk 2048-8192, D 64
+    and 128; 2 threads, paired against the row-major path): 16 and 32 rows 1.02-1.46x
+    faster query-vectorised, 47 rows 1.04x; 6-12 rows 0.66-0.86x (a 16-lane vector
+    6-12 lanes full), 24 rows 0.92x, 40 rows 0.95x; float64 16 rows 1.22x.  So:
+    from max(T_MIN_ROWS, 3/4 of an FA_T_NV-vector chunk) rows on (48 float32 rows
+    on AVX-512), and below that from max(T_MIN_ROWS, one vector) rows on when at
+    most 1/8 of the last vector is padding (float32 on AVX-512: 16, 28-32, 42-47)."""
+    cdef int64_t W = FA_VBYTES // item
+    cdef int64_t lanes = round_up(nrows, W)
+    if nrows >= max(<int64_t>T_MIN_ROWS, 3 * FA_T_NV * W // 4):
+        return 1
+    return nrows >= max(<int64_t>T_MIN_ROWS, W) and 8 * (lanes - nrows) <= lanes
 
 
 cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
-    cdef int use_t = P.nrows >= t_min_rows(sizeof(floating)) and not P.want_weights
+    cdef int use_t = use_t_path(P.nrows, sizeof(floating)) and not P.want_weights
     cdef int64_t bq = BLOCK_QT if use_t else BLOCK_Q
     cdef int64_t nblk = (P.nrows + bq - 1) // bq
     cdef int64_t rows = P.nrows if P.nrows < bq else bq
     cdef int64_t units = P.nbatch * nblk
-    cdef int64_t nsplit = 1, chunk = P.Lk, u, b, r0, nr
+    cdef int64_t nsplit = 1, chunk = P.Lk, u, b, r0, nr, min_keys
     cdef int kind = UNIT_PLAIN
     cdef int64_t total = units
     cdef int failed = 0
@@ -1192,10 +1261,11 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     # Decode-like problems (few units, many keys) split the key range; the split
     # count depends on the shape only, never on the thread count, so results are
     # bit-identical for any num_threads.
-    if not use_t and units < SPLIT_TARGET and not P.want_weights and P.Lk >= 2 * SPLIT_MIN_KEYS:
+    min_keys = SPLIT_MIN_KEYS_T if use_t else SPLIT_MIN_KEYS
+    if units < SPLIT_TARGET and not P.want_weights and P.Lk >= 2 * min_keys:
         nsplit = (SPLIT_TARGET + units - 1) // units
-        if nsplit > P.Lk // SPLIT_MIN_KEYS:
-            nsplit = P.Lk // SPLIT_MIN_KEYS
+        if nsplit > P.Lk // min_keys:
+            nsplit = P.Lk // min_keys
         chunk = round_up((P.Lk + nsplit - 1) // nsplit, BLOCK_K)
         nsplit = (P.Lk + chunk - 1) // chunk
 
@@ -1215,7 +1285,7 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
             raise MemoryError()
 
     if nsplit > 1:
-        kind = UNIT_SPLIT
+        kind = UNIT_T_SPLIT if use_t else UNIT_SPLIT
         total = units * nsplit
     elif use_t:
         kind = UNIT_T
@@ -1248,8 +1318,8 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
         with nogil:
             for u in prange(units, schedule='static', num_threads=nthreads, use_threads_if=use_threads):
                 b = u // nblk
-                r0 = (u % nblk) * BLOCK_Q
-                nr = min(BLOCK_Q, P.nrows - r0)
+                r0 = (u % nblk) * bq
+                nr = min(bq, P.nrows - r0)
                 merge_splits(P, b, r0, nr, nsplit, po + u * rows * P.Dv, pm + u * rows,
                              pl + u * rows, stride_split)
     fa_free(stats)

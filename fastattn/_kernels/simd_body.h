@@ -648,115 +648,176 @@ static inline void FA_SFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, co
 
 /* ---------------- query-vectorised ("transposed") kernels ----------------
  * St[j][i] = score of key j for query i; Qt[d][i] = scale * q[i][d];
- * Ot[c][i] = output column c of query i.  A chunk = FA_T_NV * W query lanes. */
+ * Ot[c][i] = output column c of query i.  A chunk = nv vectors of query lanes
+ * (nv = 1, 2 or FA_T_NV), nv * W lanes. */
 
-#define FA_T_CHUNK (FA_T_NV * FA_W)
+/* Tails of a block loop: rem (< MR) rows in power-of-two micro-blocks, so each
+ * kernel has four instantiations instead of MR - 1. */
+#define FA_T_TAILS(MR, rem, CALL) do {                    \
+        if ((MR) > 8 && ((rem) & 8)) { CALL(8); }           \
+        if ((MR) > 4 && ((rem) & 4)) { CALL(4); }           \
+        if ((MR) > 2 && ((rem) & 2)) { CALL(2); }           \
+        if ((rem) & 1) { CALL(1); }                         \
+    } while (0)
 
 /* St[r][chunk] = sum_d K[r][d] * Qt[d][chunk] for the first mr (constant) keys. */
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_tqk_micro)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *restrict qt, int64_t ldq,
-                     int64_t D, FA_T *restrict st, int64_t lds, FA_T *restrict mx, const int mr)
+                     int64_t D, FA_T *restrict st, int64_t lds, FA_T *restrict mx, const int mr,
+                     const int nv, const FA_T *pfk)
 {
-    FA_V acc[FA_T_MR][FA_T_NV];
-    const FA_T *kr[FA_T_MR];
-    FA_UNROLL for (int r = 0; r < FA_T_MR; r++) {
-        kr[r] = k + (r < mr ? r : 0) * ksr;
-        FA_UNROLL for (int v = 0; v < FA_T_NV; v++) acc[r][v] = FA_SFX(fa_set1)(0);
+    FA_V acc[FA_T_MRMAX][FA_T_NV];
+    const FA_T *kr[FA_T_MRMAX];
+    const int64_t line = 64 / (int64_t)sizeof(FA_T);
+    FA_UNROLL for (int r = 0; r < FA_T_MRMAX; r++) {
+        if (r < mr) {
+            kr[r] = k + r * ksr;
+            FA_UNROLL for (int v = 0; v < FA_T_NV; v++)
+                if (v < nv) acc[r][v] = FA_SFX(fa_set1)(0);
+        }
     }
-    for (int64_t d = 0; d < D; d++) {
-        FA_V b[FA_T_NV];
-        FA_UNROLL for (int v = 0; v < FA_T_NV; v++) b[v] = FA_SFX(fa_load)(qt + d * ldq + v * FA_W);
-        FA_UNROLL for (int r = 0; r < FA_T_MR; r++) {
-            if (r < mr) {
-                const FA_V a = FA_SFX(fa_set1)(kr[r][d * ksc]);
-                FA_UNROLL for (int v = 0; v < FA_T_NV; v++) acc[r][v] += a * b[v];
+    for (int64_t d0 = 0; d0 < D; d0 += line) {
+        /* one cache line of each of the next block's rows per line of d */
+        if (pfk)
+            FA_UNROLL for (int r = 0; r < FA_T_MRMAX; r++)
+                if (r < mr) __builtin_prefetch(pfk + r * ksr + d0, 0, FA_PF_LOC);
+        const int64_t d1 = d0 + line < D ? d0 + line : D;
+        for (int64_t d = d0; d < d1; d++) {
+            FA_V b[FA_T_NV];
+            FA_UNROLL for (int v = 0; v < FA_T_NV; v++)
+                if (v < nv) b[v] = FA_SFX(fa_load)(qt + d * ldq + v * FA_W);
+            FA_UNROLL for (int r = 0; r < FA_T_MRMAX; r++) {
+                if (r < mr) {
+                    const FA_V a = FA_SFX(fa_set1)(kr[r][d * ksc]);
+                    FA_UNROLL for (int v = 0; v < FA_T_NV; v++)
+                        if (v < nv) acc[r][v] += a * b[v];
+                }
             }
         }
     }
-    FA_UNROLL for (int r = 0; r < FA_T_MR; r++)
+    FA_UNROLL for (int r = 0; r < FA_T_MRMAX; r++)
         if (r < mr)
-            FA_UNROLL for (int v = 0; v < FA_T_NV; v++) FA_SFX(fa_store)(st + r * lds + v * FA_W, acc[r][v]);
+            FA_UNROLL for (int v = 0; v < FA_T_NV; v++)
+                if (v < nv) FA_SFX(fa_store)(st + r * lds + v * FA_W, acc[r][v]);
     if (mx) {
         /* running max per lane while the scores are in registers (NaN scores are
          * skipped here: they reach the row through its sum, see fa_tsoftmax_chunk) */
         FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
-            FA_V m = FA_SFX(fa_load)(mx + v * FA_W);
-            FA_UNROLL for (int r = 0; r < FA_T_MR; r++)
-                if (r < mr) m = FA_SFX(FA_VMAX)(acc[r][v], m);
-            FA_SFX(fa_store)(mx + v * FA_W, m);
+            if (v < nv) {
+                FA_V m = FA_SFX(fa_load)(mx + v * FA_W);
+                FA_UNROLL for (int r = 0; r < FA_T_MRMAX; r++)
+                    if (r < mr) m = FA_SFX(FA_VMAX)(acc[r][v], m);
+                FA_SFX(fa_store)(mx + v * FA_W, m);
+            }
         }
     }
 }
 
-/* Rows [j0, j1) of St for one chunk: keys k + j*ksr; with mx (FA_T_CHUNK lanes,
- * -inf on entry) also the max over those rows per lane. */
-static inline void FA_SFX(fa_tqk_chunk)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *qt, int64_t ldq,
-                                        int64_t D, FA_T *st, int64_t lds, int64_t j0, int64_t j1, FA_T *mx)
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_tqk_nv)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *qt, int64_t ldq, int64_t D,
+                  FA_T *st, int64_t lds, int64_t j0, int64_t j1, FA_T *mx, const int MR, const int nv,
+                  int pf)
 {
     int64_t j = j0;
-    for (; j + FA_T_MR <= j1; j += FA_T_MR)
-        FA_SFX(fa_tqk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, mx, FA_T_MR);
-    switch (j1 - j) {
-#define FA_TQK_TAIL(R) case R: FA_SFX(fa_tqk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, mx, R); break;
-    FA_TQK_TAIL(1) FA_TQK_TAIL(2) FA_TQK_TAIL(3) FA_TQK_TAIL(4) FA_TQK_TAIL(5)
-#if FA_T_MR > 6
-    FA_TQK_TAIL(6) FA_TQK_TAIL(7)
-#endif
+    /* with pf (contiguous key rows, first chunk of the tile): each block requests
+     * the rows of the block after it, a line of each per line of d, spread over
+     * the block's FMAs (the last block requests the next tile's first rows) */
+    for (; j + MR <= j1; j += MR)
+        FA_SFX(fa_tqk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, mx, MR, nv,
+                             pf ? k + (j + MR) * ksr : NULL);
+    const int64_t rem = j1 - j;
+#define FA_TQK_TAIL(R) \
+    FA_SFX(fa_tqk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, mx, R, nv, NULL); j += R
+    FA_T_TAILS(MR, rem, FA_TQK_TAIL);
 #undef FA_TQK_TAIL
-    default: break;
+}
+
+/* Rows [j0, j1) of St for one chunk of nv vectors: keys k + j*ksr; with mx
+ * (nv * W lanes, -inf on entry) also the max over those rows per lane. */
+static inline void FA_SFX(fa_tqk_chunk)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *qt, int64_t ldq,
+                                        int64_t D, FA_T *st, int64_t lds, int64_t j0, int64_t j1, FA_T *mx,
+                                        int nv, int pf)
+{
+    pf = pf && ksc == 1;
+#if FA_T_NV > 2
+    if (nv > 2) {
+        FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR, FA_T_NV, pf);
+        return;
     }
+#endif
+    if (nv == 2)
+        FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR2, 2, pf);
+    else
+        FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR1, 1, pf);
 }
 
 /* Ot[c][chunk] += sum_{j in [j0,j1)} V[j][c] * Pt[j][chunk] for the first mr (constant) columns. */
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_tpv_micro)(const FA_T *vv, int64_t vsr, int64_t vsc, const FA_T *restrict pt, int64_t lds,
-                     int64_t j0, int64_t j1, FA_T *restrict ot, int64_t ldo, const int mr)
+                     int64_t j0, int64_t j1, FA_T *restrict ot, int64_t ldo, const int mr, const int nv)
 {
-    FA_V acc[FA_T_MR][FA_T_NV];
-    FA_UNROLL for (int r = 0; r < FA_T_MR; r++)
+    FA_V acc[FA_T_MRMAX][FA_T_NV];
+    FA_UNROLL for (int r = 0; r < FA_T_MRMAX; r++)
         if (r < mr)
-            FA_UNROLL for (int v = 0; v < FA_T_NV; v++) acc[r][v] = FA_SFX(fa_load)(ot + r * ldo + v * FA_W);
+            FA_UNROLL for (int v = 0; v < FA_T_NV; v++)
+                if (v < nv) acc[r][v] = FA_SFX(fa_load)(ot + r * ldo + v * FA_W);
     for (int64_t j = j0; j < j1; j++) {
         FA_V b[FA_T_NV];
         const FA_T *vrow = vv + j * vsr;
-        FA_UNROLL for (int v = 0; v < FA_T_NV; v++) b[v] = FA_SFX(fa_load)(pt + j * lds + v * FA_W);
-        FA_UNROLL for (int r = 0; r < FA_T_MR; r++) {
+        FA_UNROLL for (int v = 0; v < FA_T_NV; v++)
+            if (v < nv) b[v] = FA_SFX(fa_load)(pt + j * lds + v * FA_W);
+        FA_UNROLL for (int r = 0; r < FA_T_MRMAX; r++) {
             if (r < mr) {
                 const FA_V a = FA_SFX(fa_set1)(vrow[r * vsc]);
-                FA_UNROLL for (int v = 0; v < FA_T_NV; v++) acc[r][v] += a * b[v];
+                FA_UNROLL for (int v = 0; v < FA_T_NV; v++)
+                    if (v < nv) acc[r][v] += a * b[v];
             }
         }
     }
-    FA_UNROLL for (int r = 0; r < FA_T_MR; r++)
+    FA_UNROLL for (int r = 0; r < FA_T_MRMAX; r++)
         if (r < mr)
-            FA_UNROLL for (int v = 0; v < FA_T_NV; v++) FA_SFX(fa_store)(ot + r * ldo + v * FA_W, acc[r][v]);
+            FA_UNROLL for (int v = 0; v < FA_T_NV; v++)
+                if (v < nv) FA_SFX(fa_store)(ot + r * ldo + v * FA_W, acc[r][v]);
 }
 
-/* All Dv output columns of one chunk: values v + j*vsr + c*vsc. */
-static inline void FA_SFX(fa_tpv_chunk)(const FA_T *vv, int64_t vsr, int64_t vsc, int64_t Dv, const FA_T *pt,
-                                        int64_t lds, int64_t j0, int64_t j1, FA_T *ot, int64_t ldo)
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_tpv_nv)(const FA_T *vv, int64_t vsr, int64_t vsc, int64_t Dv, const FA_T *pt, int64_t lds,
+                  int64_t j0, int64_t j1, FA_T *ot, int64_t ldo, const int MR, const int nv)
 {
     int64_t c = 0;
-    for (; c + FA_T_MR <= Dv; c += FA_T_MR)
-        FA_SFX(fa_tpv_micro)(vv + c * vsc, vsr, vsc, pt, lds, j0, j1, ot + c * ldo, ldo, FA_T_MR);
-    switch (Dv - c) {
-#define FA_TPV_TAIL(R) case R: FA_SFX(fa_tpv_micro)(vv + c * vsc, vsr, vsc, pt, lds, j0, j1, ot + c * ldo, ldo, R); break;
-    FA_TPV_TAIL(1) FA_TPV_TAIL(2) FA_TPV_TAIL(3) FA_TPV_TAIL(4) FA_TPV_TAIL(5)
-#if FA_T_MR > 6
-    FA_TPV_TAIL(6) FA_TPV_TAIL(7)
-#endif
+    for (; c + MR <= Dv; c += MR)
+        FA_SFX(fa_tpv_micro)(vv + c * vsc, vsr, vsc, pt, lds, j0, j1, ot + c * ldo, ldo, MR, nv);
+    const int64_t rem = Dv - c;
+#define FA_TPV_TAIL(R) \
+    FA_SFX(fa_tpv_micro)(vv + c * vsc, vsr, vsc, pt, lds, j0, j1, ot + c * ldo, ldo, R, nv); c += R
+    FA_T_TAILS(MR, rem, FA_TPV_TAIL);
 #undef FA_TPV_TAIL
-    default: break;
+}
+
+/* All Dv output columns of one chunk of nv vectors: values v + j*vsr + c*vsc. */
+static inline void FA_SFX(fa_tpv_chunk)(const FA_T *vv, int64_t vsr, int64_t vsc, int64_t Dv, const FA_T *pt,
+                                        int64_t lds, int64_t j0, int64_t j1, FA_T *ot, int64_t ldo, int nv)
+{
+#if FA_T_NV > 2
+    if (nv > 2) {
+        FA_SFX(fa_tpv_nv)(vv, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR, FA_T_NV);
+        return;
     }
+#endif
+    if (nv == 2)
+        FA_SFX(fa_tpv_nv)(vv, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR2, 2);
+    else
+        FA_SFX(fa_tpv_nv)(vv, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR1, 1);
 }
 
 /* St[j][lane] = -inf where key t0+j lies outside the lane's visible range
  * [lo[lane], hi[lane]) (ranges stored in FA_T, exact for lengths < 2^24 / 2^53). */
-static inline void FA_SFX(fa_tmask_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
-                                          const FA_T *lo, const FA_T *hi)
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_tmask_nv)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                    const FA_T *lo, const FA_T *hi, const int nv)
 {
     const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
-    FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
+    FA_UNROLL for (int v = 0; v < nv; v++) {
         const FA_V lov = FA_SFX(fa_load)(lo + v * FA_W), hiv = FA_SFX(fa_load)(hi + v * FA_W);
         for (int64_t j = j0; j < j1; j++) {
             const FA_V jv = FA_SFX(fa_set1)((FA_T)(t0 + j));
@@ -766,29 +827,46 @@ static inline void FA_SFX(fa_tmask_chunk)(FA_T *st, int64_t lds, int64_t j0, int
     }
 }
 
+/* The same for a chunk of nv = 1, 2 or FA_T_NV vectors (instantiated per width). */
+static inline void FA_SFX(fa_tmask_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                                          const FA_T *lo, const FA_T *hi, int nv)
+{
+#if FA_T_NV > 2
+    if (nv > 2) {
+        FA_SFX(fa_tmask_nv)(st, lds, j0, j1, t0, lo, hi, FA_T_NV);
+        return;
+    }
+#endif
+    if (nv == 2)
+        FA_SFX(fa_tmask_nv)(st, lds, j0, j1, t0, lo, hi, 2);
+    else
+        FA_SFX(fa_tmask_nv)(st, lds, j0, j1, t0, lo, hi, 1);
+}
+
 /* St[j][lane] = -inf where the boolean mask says the lane's query may not see key
  * t0+j.  mrows[lane] points at the lane's mask row (column 0), columns sc bytes
  * apart; lanes >= nl are left alone (padding lanes are masked by their empty
- * range).  The mask block is first transposed into tbuf (CHUNK x (j1-j0) bytes) so
+ * range).  The mask block is first transposed into tbuf (cw x (j1-j0) bytes) so
  * the select runs on whole vectors of lanes without branches: a random mask would
  * mispredict half of its branches. */
 static inline void FA_SFX(fa_tmask_bool_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                                const uint8_t *const *mrows, int64_t nl, int64_t sc,
-                                               uint8_t *tbuf)
+                                               uint8_t *tbuf, int nv)
 {
     const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
-    for (int64_t i = 0; i < FA_T_CHUNK; i++) {
+    const int64_t cw = (int64_t)nv * FA_W;
+    for (int64_t i = 0; i < cw; i++) {
         uint8_t *col = tbuf + i;
         if (i < nl) {
             const uint8_t *m = mrows[i] + t0 * sc;
-            for (int64_t j = j0; j < j1; j++) col[(j - j0) * FA_T_CHUNK] = m[j * sc];
+            for (int64_t j = j0; j < j1; j++) col[(j - j0) * cw] = m[j * sc];
         } else {
-            for (int64_t j = j0; j < j1; j++) col[(j - j0) * FA_T_CHUNK] = 1;
+            for (int64_t j = j0; j < j1; j++) col[(j - j0) * cw] = 1;
         }
     }
     for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *row = tbuf + (j - j0) * FA_T_CHUNK;
-        FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
+        const uint8_t *row = tbuf + (j - j0) * cw;
+        for (int v = 0; v < nv; v++) {
             FA_VI keep;
             for (int l = 0; l < FA_W; l++) keep[l] = row[v * FA_W + l];
             FA_T *p = st + j * lds + v * FA_W;
@@ -806,14 +884,14 @@ static inline void FA_SFX(fa_tmask_bool_chunk)(FA_T *st, int64_t lds, int64_t j0
  * tile's max exceeds it by more than FA_RESCALE_SLACK, so P <= exp(slack) and
  * the result is the same softmax (any reference cancels in Ot / l).  Once the
  * lanes settle, alpha is exactly 1 and the pass over Ot is skipped. */
-static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1,
-                                             FA_T *m, FA_T *l, FA_T *ot, int64_t ldo, int64_t Dv,
-                                             const FA_T *mx)
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_tsoftmax_nv)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, FA_T *m, FA_T *l,
+                       FA_T *ot, int64_t ldo, int64_t Dv, const FA_T *mx, const int nv)
 {
     const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
     FA_V alpha[FA_T_NV];
     FA_VI moved = (FA_VI)FA_SFX(fa_set1)(0);
-    FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
+    FA_UNROLL for (int v = 0; v < nv; v++) {
         /* The tile max per lane (given in mx, or a pass over the tile) with plain
          * max, which skips NaN scores: a NaN still makes its lane NaN, through
          * exp(NaN - m) in the sum l and through P.V, exactly as a NaN max would. */
@@ -861,10 +939,27 @@ static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, 
     for (int i = 0; i < FA_W; i++) any |= moved[i] != 0;
     if (!any) return;
     for (int64_t c = 0; c < Dv; c++)
-        FA_UNROLL for (int v = 0; v < FA_T_NV; v++) {
+        FA_UNROLL for (int v = 0; v < nv; v++) {
             FA_T *p = ot + c * ldo + v * FA_W;
             FA_SFX(fa_store)(p, FA_SFX(fa_load)(p) * alpha[v]);
         }
+}
+
+/* The same for a chunk of nv = 1, 2 or FA_T_NV vectors (instantiated per width). */
+static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1,
+                                             FA_T *m, FA_T *l, FA_T *ot, int64_t ldo, int64_t Dv,
+                                             const FA_T *mx, int nv)
+{
+#if FA_T_NV > 2
+    if (nv > 2) {
+        FA_SFX(fa_tsoftmax_nv)(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, FA_T_NV);
+        return;
+    }
+#endif
+    if (nv == 2)
+        FA_SFX(fa_tsoftmax_nv)(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, 2);
+    else
+        FA_SFX(fa_tsoftmax_nv)(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, 1);
 }
 
 /* 1 if any element of the rows x cols block (strided) is inf or NaN: x * 0 is 0
@@ -874,10 +969,12 @@ static inline int FA_SFX(fa_block_nonfinite)(const FA_T *x, int64_t rows, int64_
     /* four independent chains: one chain would be bound by the add latency */
     FA_V acc0 = FA_SFX(fa_set1)(0), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     FA_T probe = 0;
+    const int64_t pf = FA_SFX(fa_pf_rows)(cols);
     for (int64_t j = 0; j < rows; j++) {
         const FA_T *row = x + j * sr;
         int64_t c = 0;
         if (sc == 1) {
+            FA_SFX(fa_prefetch)(row + pf * sr, cols);
             for (; c + 4 * FA_W <= cols; c += 4 * FA_W) {
                 acc0 += FA_SFX(fa_load)(row + c) * 0;
                 acc1 += FA_SFX(fa_load)(row + c + FA_W) * 0;
@@ -891,6 +988,6 @@ static inline int FA_SFX(fa_block_nonfinite)(const FA_T *x, int64_t rows, int64_
     return probe + FA_SFX(fa_hsum)((acc0 + acc1) + (acc2 + acc3)) != 0;    /* 0 or NaN */
 }
 
-#undef FA_T_CHUNK
+#undef FA_T_TAILS
 #undef FA_W
 #undef FA_QK_NR
