@@ -111,7 +111,7 @@ cdef enum:
     MAXDIM = 64          # batch dims supported (NumPy's own limit)
     BLOCK_Q = 64         # query rows per work unit (row-major path: decode, few rows, weights)
     BLOCK_QT = 128       # query rows per work unit (query-vectorised path)
-    T_MIN_ROWS = 16      # fewer query rows than this (or than 3/4 of a chunk): row-major path
+    T_MIN_ROWS = 16      # fewer query rows than this: row-major path (see use_t_path)
     BLOCK_K = 64         # keys per tile (a multiple of every QK panel width)
     PANEL_MAX = 32       # keys per QK panel, at most (FA_QK_NV vectors of floats)
     PARALLEL_MIN_WORK = 200000  # smaller problems run on the calling thread alone
