@@ -968,8 +968,9 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
         nch += 1
     setup_rows(P, ws, b, r0, nr, kb, ke, &lo_all, &hi_all)
     # Start the first key/value tile and the query rows on their way from
-    # memory before the (latency-bound) transposed query pack; later tiles
-    # are requested one tile ahead in the loop below.
+    # memory before the (latency-bound) transposed query pack; later key rows
+    # are requested a register block ahead by the QK kernel, value rows ahead
+    # of the inf/NaN probe (block_nonfinite).
     if lo_all < hi_all:
         prefetch_tile(P, kbase, vbase, lo_all, min(lo_all + BLOCK_K, hi_all))
     if P.q.sc == 1:
