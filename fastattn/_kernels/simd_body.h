@@ -738,17 +738,33 @@ static inline void FA_SFX(fa_tqk_chunk)(const FA_T *k, int64_t ksr, int64_t ksc,
                                         int64_t D, FA_T *st, int64_t lds, int64_t j0, int64_t j1, FA_T *mx,
                                         int nv, int pf)
 {
-    pf = pf && ksc == 1;
+    /* contiguous key rows (the usual case) get their own instantiations: with
+     * ksc = 1 the broadcasts of a block address one row pointer plus constant
+     * offsets, instead of a register per row multiple of ksc (on AVX2 the
+     * general form spills loop registers to the stack) */
+    if (ksc == 1) {
+#if FA_T_NV > 2
+        if (nv > 2) {
+            FA_SFX(fa_tqk_nv)(k, ksr, 1, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR, FA_T_NV, pf);
+            return;
+        }
+#endif
+        if (nv == 2)
+            FA_SFX(fa_tqk_nv)(k, ksr, 1, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR2, 2, pf);
+        else
+            FA_SFX(fa_tqk_nv)(k, ksr, 1, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR1, 1, pf);
+        return;
+    }
 #if FA_T_NV > 2
     if (nv > 2) {
-        FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR, FA_T_NV, pf);
+        FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR, FA_T_NV, 0);
         return;
     }
 #endif
     if (nv == 2)
-        FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR2, 2, pf);
+        FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR2, 2, 0);
     else
-        FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR1, 1, pf);
+        FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR1, 1, 0);
 }
 
 /* Ot[c][chunk] += sum_{j in [j0,j1)} V[j][c] * Pt[j][chunk] for the first mr (constant) columns. */
@@ -798,6 +814,19 @@ FA_SFX(fa_tpv_nv)(const FA_T *vv, int64_t vsr, int64_t vsc, int64_t Dv, const FA
 static inline void FA_SFX(fa_tpv_chunk)(const FA_T *vv, int64_t vsr, int64_t vsc, int64_t Dv, const FA_T *pt,
                                         int64_t lds, int64_t j0, int64_t j1, FA_T *ot, int64_t ldo, int nv)
 {
+    if (vsc == 1) {         /* contiguous value rows: see fa_tqk_chunk */
+#if FA_T_NV > 2
+        if (nv > 2) {
+            FA_SFX(fa_tpv_nv)(vv, vsr, 1, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR, FA_T_NV);
+            return;
+        }
+#endif
+        if (nv == 2)
+            FA_SFX(fa_tpv_nv)(vv, vsr, 1, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR2, 2);
+        else
+            FA_SFX(fa_tpv_nv)(vv, vsr, 1, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR1, 1);
+        return;
+    }
 #if FA_T_NV > 2
     if (nv > 2) {
         FA_SFX(fa_tpv_nv)(vv, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR, FA_T_NV);
