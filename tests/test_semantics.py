@@ -734,3 +734,23 @@ def test_query_vectorised_key_splits(Lq, dtype, rng):
         for o, lse in outs[1:]:
             assert np.array_equal(o, outs[0][0], equal_nan=True), f"out differs with threads ({what})"
             assert np.array_equal(lse, outs[0][1], equal_nan=True), f"lse differs with threads ({what})"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("Lq", [16, 45, 80, 128])
+def test_query_vectorised_strided_keys_and_values(Lq, dtype, rng):
+    """The query-vectorised kernels read keys and values in place: rows with
+    contiguous elements have their own instantiations, other element strides
+    (a column of a bigger array; a transposed buffer) the general ones.  Every
+    chunk width (row counts of 1, 3, 5 and 8 vectors), against the reference."""
+    Lk = 150
+    q = randn(rng, (2, Lq, 24), dtype)
+    k0 = randn(rng, (2, Lk, 24), dtype)
+    v0 = randn(rng, (2, Lk, 20), dtype)
+    k_col = np.stack([k0, k0 + 1], axis=-1)[..., 0]          # element stride 2
+    v_t = np.ascontiguousarray(v0.transpose(0, 2, 1)).transpose(0, 2, 1)  # element stride Lk
+    assert k_col.strides[-1] == 2 * k0.itemsize and v_t.strides[-1] == Lk * v0.itemsize
+    for k, v in ((k_col, v0), (k0, v_t), (k_col, v_t)):
+        for opts in (dict(), dict(causal="bottom_right")):
+            assert_close(fastattn.attention(q, k, v, **opts), R.attention(q, k0, v0, **opts), dtype,
+                         what=f"Lq={Lq} k{k.strides} v{v.strides} {opts}")
