@@ -682,6 +682,8 @@ def test_path_boundaries(Lq, dtype, rng):
     for opts in (dict(), dict(causal="bottom_right"), dict(kv_lengths=lengths)):
         assert_close(fastattn.attention(q, k, v, **opts), R.attention(q, k, v, **opts), dtype,
                      what=f"Lq={Lq} {opts}")
+        # return_weights takes its own passes (statistics, then weights) on each path
+        check(q, k, v, **opts)
 
 
 @pytest.mark.parametrize("how", ["mask", "causal", "window"])
@@ -754,3 +756,22 @@ def test_query_vectorised_strided_keys_and_values(Lq, dtype, rng):
         for opts in (dict(), dict(causal="bottom_right")):
             assert_close(fastattn.attention(q, k, v, **opts), R.attention(q, k0, v0, **opts), dtype,
                          what=f"Lq={Lq} k{k.strides} v{v.strides} {opts}")
+
+
+@pytest.mark.parametrize("Lq", [3, 8, 16, 64, 80])
+def test_weights_of_nan_rows_are_all_nan(Lq, rng):
+    """A row whose scores hold NaN has NaN weights for every key, the keys it
+    cannot see included (the reference's rule), on every path; the other rows
+    keep exact zeros for their invisible keys."""
+    q = randn(rng, (1, 2, Lq, 8), np.float32)
+    k = randn(rng, (1, 2, 70, 8), np.float32)
+    v = randn(rng, (1, 2, 70, 5), np.float32)
+    q[0, 1, 1] = np.nan
+    for opts in (dict(causal=True), dict(window=(3, 3)), dict(kv_lengths=np.array([[70, 9]]))):
+        out, w, lse = fastattn.attention(q, k, v, return_weights=True, return_lse=True, **opts)
+        r_out, r_w, r_lse = R.attention(q, k, v, return_weights=True, return_lse=True, **opts)
+        assert np.isnan(w[0, 1, 1]).all() and np.isnan(out[0, 1, 1]).all() and np.isnan(lse[0, 1, 1])
+        assert_close(w, r_w, np.float32, what=f"weights Lq={Lq} {sorted(opts)}")
+        assert_close(out, r_out, np.float32, what=f"out Lq={Lq} {sorted(opts)}")
+        assert_close(lse, r_lse, np.float32, what=f"lse Lq={Lq} {sorted(opts)}")
+        assert (w[r_w == 0] == 0).all()

@@ -98,6 +98,8 @@ cdef extern from "simd.h" nogil:
     void fa_tmask_bool_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf,
                                int nv)
+    void fa_tweights_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, const float *lse, int nv)
+    void fa_tweights_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, const double *lse, int nv)
     void fa_prefetch_rows_f(const float *p, int64_t nrows, int64_t sr, int64_t n)
     void fa_prefetch_rows_d(const double *p, int64_t nrows, int64_t sr, int64_t n)
     int fa_block_nonfinite_f(const float *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
@@ -326,6 +328,13 @@ cdef inline void tmask_bool_chunk(floating *st, int64_t lds, int64_t j0, int64_t
         fa_tmask_bool_chunk_f(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, nv)
     else:
         fa_tmask_bool_chunk_d(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, nv)
+
+cdef inline void tweights_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, const floating *lse,
+                                int nv) noexcept nogil:
+    if floating is float:
+        fa_tweights_chunk_f(st, lds, j0, j1, lse, nv)
+    else:
+        fa_tweights_chunk_d(st, lds, j0, j1, lse, nv)
 
 cdef inline int block_nonfinite(const floating *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc) noexcept nogil:
     if floating is float:
@@ -677,7 +686,7 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     cdef int64_t bbo = batch_offset(P, &P.bias, b) if P.has_bias else 0
     cdef int64_t wbo = batch_offset(P, &P.w, b) if mode == MODE_WEIGHTS else 0
     cdef int64_t roff
-    cdef floating mt, mn, alpha, lse_i, inv
+    cdef floating mt, mn, alpha, lse_i, inv, fill
     cdef double sm
     cdef floating *wrow
     cdef floating *orow
@@ -711,11 +720,13 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     for i in range(Rp * dvp):
         o[i] = 0
     if mode == MODE_WEIGHTS:
-        # every weight of the row is written: zeros first, visible keys below
+        # every weight of the row is written: zeros first (NaN for a row whose lse
+        # is NaN: the whole row is NaN, invisible keys too), visible keys below
         for i in range(nr):
             wrow = (<floating *>P.w.base) + wbo + ws.goff[i] * P.w.sg + (r0 + i - ws.goff[i] * P.Lq) * P.w.sr
+            fill = stats[i] if stats[i] != stats[i] else 0
             for j in range(P.Lk):
-                wrow[j * P.w.sc] = 0
+                wrow[j * P.w.sc] = fill
 
     t0 = lo_all
     while t0 < hi_all:
@@ -908,8 +919,8 @@ cdef inline void prefetch_tile(const Plan *P, const floating *kbase, const float
 
 
 cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
-                     int64_t kb, int64_t ke, floating *part_o, floating *part_m,
-                     double *part_l) noexcept nogil:
+                     int64_t kb, int64_t ke, int mode, floating *stats, floating *part_o,
+                     floating *part_m, double *part_l) noexcept nogil:
     """Query-vectorised unit: rows r0..r0+nr-1 (nr <= BLOCK_QT) of batch b, keys kb..ke-1.
 
     Lanes run over queries: Qt (Dk x lanes) is packed once, keys and values are
@@ -917,9 +928,13 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     sum, rescale) is a vertical vector operation.  The rows are cut into chunks
     of FA_T_NV, 2 or 1 vectors of lanes (the widest that the remaining rows
     fill), so a unit of 16 float32 rows is one vector wide, not a quarter of a
-    4-vector chunk.  Used for every option except return_weights (the row-major
-    run_unit does that).  With part_o given (a key split), the unit leaves each
-    row's reference max, sum and unnormalised output there for merge_splits."""
+    4-vector chunk.
+
+    mode: MODE_ONLINE (out and lse); MODE_PARTIAL (a key split: each row's
+    reference max, sum and unnormalised output go to part_o / part_m / part_l
+    for merge_splits); return_weights in two passes, MODE_STATS (only each row's
+    lse, into stats: no P.V) and MODE_WEIGHTS (weights = exp(s - lse) written
+    to the weights rows, out = weights . V)."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef int64_t ld = t_ld(sizeof(floating))
     cdef int64_t nch = 0, lanes = 0, nvec = (nr + W - 1) // W
@@ -957,6 +972,11 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     cdef int64_t ch_himin[64]
     cdef int64_t ch_c0[64]      # first lane of each chunk
     cdef int ch_nv[64]          # its width in vectors
+    cdef int need_pv = mode != MODE_STATS
+    cdef floating *wbase = (<floating *>P.w.base) + batch_offset(P, &P.w, b) if mode == MODE_WEIGHTS else NULL
+    cdef floating *wrow
+    cdef floating fill
+    cdef int64_t ni
 
     # chunks: as many of FA_T_NV vectors as the rows fill, then 2, then 1
     while nvec > 0:
@@ -1015,11 +1035,32 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
             else:
                 ch_himin[ch] = -1     # an empty or padding lane: always mask
 
+    if mode == MODE_WEIGHTS:
+        # m holds each lane's lse (padding lanes 0); the tiles below write each
+        # row's weights for the keys its chunk visits (0 where masked), the rest
+        # of the row is filled here: 0, or NaN for a NaN row (all of it NaN)
+        for i in range(lanes):
+            m[i] = stats[i] if i < nr else 0
+            mxt[i % (FA_T_NV * W)] = 1
+        for ch in range(nch):
+            for i in range(ch_c0[ch], min(ch_c0[ch] + ch_nv[ch] * W, nr)):
+                grp = ws.goff[i]
+                wrow = wbase + grp * P.w.sg + (r0 + i - grp * P.Lq) * P.w.sr
+                fill = m[i] if m[i] != m[i] else 0
+                if ch_lo[ch] >= ch_hi[ch] or lo_all >= hi_all:
+                    for j in range(P.Lk):
+                        wrow[j * P.w.sc] = fill
+                    continue
+                for j in range(max(ch_lo[ch], lo_all)):
+                    wrow[j * P.w.sc] = fill
+                for j in range(min(ch_hi[ch], hi_all), P.Lk):
+                    wrow[j * P.w.sc] = fill
+
     t0 = lo_all
     while t0 < hi_all:
         t1 = min(t0 + BLOCK_K, hi_all)
         n = t1 - t0
-        vnf = block_nonfinite(vbase + t0 * P.v.sr, n, Dv, P.v.sr, P.v.sc)
+        vnf = block_nonfinite(vbase + t0 * P.v.sr, n, Dv, P.v.sr, P.v.sc) if need_pv else 0
         for ch in range(nch):
             j0 = max(t0, ch_lo[ch]) - t0
             j1 = min(t1, ch_hi[ch]) - t0
@@ -1032,7 +1073,7 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
             # the tile max comes out of the QK registers instead of a pass over St
             masked = ch_lomax[ch] > t0 + j0 or ch_himin[ch] < t0 + j1
             mx = NULL
-            if not needs_options and not masked:
+            if not needs_options and not masked and mode != MODE_WEIGHTS:
                 mx = mxt
                 for i in range(cw):
                     mx[i] = -INFINITY
@@ -1043,7 +1084,26 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                                       min(cw, nr - c0), cw, b, r0, mbo, bbo)
             if masked:
                 tmask_chunk(st + c0, ld, j0, j1, t0, lof + c0, hif + c0, nv)
-            tsoftmax_chunk(st + c0, ld, j0, j1, m + c0, l + c0, ot + c0, ld, Dv, mx, nv)
+            if mode == MODE_WEIGHTS:
+                tweights_chunk(st + c0, ld, j0, j1, m + c0, nv)
+                ni = min(cw, nr - c0)
+                if P.w.sc == 1 and ws.goff[c0] == ws.goff[c0 + ni - 1]:
+                    # rows of one group are equally spaced: register transposes
+                    # (mxt holds ones: the scale of each row)
+                    grp = ws.goff[c0]
+                    tout_rows(st + j0 * ld + c0, ld, ni, j1 - j0, mxt,
+                              wbase + grp * P.w.sg + (r0 + c0 - grp * P.Lq) * P.w.sr + t0 + j0, P.w.sr)
+                else:
+                    for i in range(c0, c0 + ni):
+                        grp = ws.goff[i]
+                        wrow = wbase + grp * P.w.sg + (r0 + i - grp * P.Lq) * P.w.sr
+                        for j in range(j0, j1):
+                            wrow[(t0 + j) * P.w.sc] = st[j * ld + i]
+            else:
+                tsoftmax_chunk(st + c0, ld, j0, j1, m + c0, l + c0, ot + c0, ld, Dv if need_pv else 0,
+                               mx, nv)
+            if not need_pv:
+                continue
             if not vnf:
                 tpv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + c0, ld, j0, j1, ot + c0, ld, nv)
             else:
@@ -1064,7 +1124,16 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                             ot[c * ld + i] += p * src[c * P.v.sc]
         t0 = t1
 
-    if part_o != NULL:
+    if mode == MODE_STATS:
+        for i in range(nr):
+            stats[i] = <floating>(m[i] + log(l[i])) if l[i] > 0 or l[i] != l[i] else -INFINITY
+        return
+    if mode == MODE_WEIGHTS:
+        # out = weights . V as accumulated (no division); lse = stats (m): l = 1,
+        # or 0 for a row that saw nothing (out 0, lse -inf)
+        for i in range(nr):
+            l[i] = 0 if m[i] == -INFINITY else 1
+    if mode == MODE_PARTIAL:
         # a key split: the reference max (NaN for a row made NaN by NaN scores,
         # whose max skipped them), the sum and the unnormalised output, per row
         for i in range(nr):
@@ -1181,6 +1250,7 @@ cdef enum:
     UNIT_WEIGHTS = 2     # row-major unit, statistics pass then weights pass
     UNIT_SPLIT = 3       # one key split of a row-major unit (merged afterwards)
     UNIT_T_SPLIT = 4     # one key split of a query-vectorised unit
+    UNIT_T_WEIGHTS = 5   # query-vectorised unit, statistics pass then weights pass
 
 
 cdef void do_unit(const Plan *P, Workspace *ws, int64_t u, int kind, int64_t units, int64_t nblk,
@@ -1197,7 +1267,7 @@ cdef void do_unit(const Plan *P, Workspace *ws, int64_t u, int kind, int64_t uni
         kb = sp * chunk
         ke = min(P.Lk, kb + chunk)
         if kind == UNIT_T_SPLIT:
-            run_unit_t(P, ws, b, r0, nr, kb, ke,
+            run_unit_t(P, ws, b, r0, nr, kb, ke, MODE_PARTIAL, <floating *>NULL,
                        po + (sp * stride_split + uu * rows) * P.Dv,
                        pm + sp * stride_split + uu * rows,
                        pl + sp * stride_split + uu * rows)
@@ -1211,7 +1281,13 @@ cdef void do_unit(const Plan *P, Workspace *ws, int64_t u, int kind, int64_t uni
     r0 = (u % nblk) * bq
     nr = min(bq, P.nrows - r0)
     if kind == UNIT_T:
-        run_unit_t(P, ws, b, r0, nr, 0, P.Lk, <floating *>NULL, <floating *>NULL, <double *>NULL)
+        run_unit_t(P, ws, b, r0, nr, 0, P.Lk, MODE_ONLINE, <floating *>NULL,
+                   <floating *>NULL, <floating *>NULL, <double *>NULL)
+    elif kind == UNIT_T_WEIGHTS:
+        run_unit_t(P, ws, b, r0, nr, 0, P.Lk, MODE_STATS, stats + u * rows,
+                   <floating *>NULL, <floating *>NULL, <double *>NULL)
+        run_unit_t(P, ws, b, r0, nr, 0, P.Lk, MODE_WEIGHTS, stats + u * rows,
+                   <floating *>NULL, <floating *>NULL, <double *>NULL)
     elif kind == UNIT_WEIGHTS:
         run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_STATS, stats + u * rows,
                  <floating *>NULL, <floating *>NULL, <double *>NULL)
@@ -1240,7 +1316,7 @@ cdef inline int use_t_path(int64_t nrows, size_t item) noexcept nogil:
 
 
 cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
-    cdef int use_t = use_t_path(P.nrows, sizeof(floating)) and not P.want_weights
+    cdef int use_t = use_t_path(P.nrows, sizeof(floating))
     cdef int64_t bq = BLOCK_QT if use_t else BLOCK_Q
     cdef int64_t nblk = (P.nrows + bq - 1) // bq
     cdef int64_t rows = P.nrows if P.nrows < bq else bq
@@ -1288,10 +1364,10 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     if nsplit > 1:
         kind = UNIT_T_SPLIT if use_t else UNIT_SPLIT
         total = units * nsplit
+    elif P.want_weights:
+        kind = UNIT_T_WEIGHTS if use_t else UNIT_WEIGHTS
     elif use_t:
         kind = UNIT_T
-    elif P.want_weights:
-        kind = UNIT_WEIGHTS
     if not use_threads:
         # Small problems: no OpenMP region at all (even a one-thread region is a
         # runtime call with locking), one workspace on the calling thread.

@@ -991,6 +991,25 @@ static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, 
         FA_SFX(fa_tsoftmax_nv)(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, 1);
 }
 
+/* return_weights, second pass: St[j][lane] -> exp(St - lse[lane]) over rows
+ * [j0, j1) of a chunk of nv vectors (lse from the first pass: >= every score of
+ * the lane, so the arguments are <= 0 up to rounding).  A lane with lse = -inf
+ * saw only -inf scores: its weights are 0 (the -inf - 0 of the safe lse); a NaN
+ * lse makes the lane's weights NaN. */
+static inline void FA_SFX(fa_tweights_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1,
+                                             const FA_T *lse, int nv)
+{
+    const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
+    for (int v = 0; v < nv; v++) {
+        const FA_V ls = FA_SFX(fa_load)(lse + v * FA_W);
+        const FA_V ls_safe = FA_SFX(fa_select)(ls == ninf, FA_SFX(fa_set1)(0), ls);
+        for (int64_t j = j0; j < j1; j++) {
+            FA_T *p = st + j * lds + v * FA_W;
+            FA_SFX(fa_store)(p, FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(p) - ls_safe));
+        }
+    }
+}
+
 /* 1 if any element of the rows x cols block (strided) is inf or NaN: x * 0 is 0
  * for finite x and NaN otherwise, accumulated in vectors. */
 static inline int FA_SFX(fa_block_nonfinite)(const FA_T *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
