@@ -1,7 +1,7 @@
 """Paired A/B of two fastattn builds in ONE process, for kernel changes of a few percent.
 
     python tools/ab_builds.py OLD_TREE NEW_TREE [--cases prefill,long,...] [--reps 30]
-    (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights])
+    (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask])
 
 OLD_TREE and NEW_TREE are source trees with in-place builds (``python setup.py
 build_ext --inplace``), e.g. a ``git worktree`` of the base commit and this checkout.
@@ -91,17 +91,18 @@ def make_case(case, rng):
         x = rng.standard_normal((2048, 2048)).astype(np.float32)
         return lambda M: M.softmax(x, axis=0)
     if case.startswith("attn:"):
-        # attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights] -- any attention shape
+        # attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask] -- any attention shape
         dims, *flags = case[5:].split(":")
         B, Hq, Hkv, Lq, Lk, D = (int(x) for x in dims.split("x"))
         dt = np.float64 if "f64" in flags else np.float32
         causal = "causal" in flags
         weights = "weights" in flags
+        mask = rng.random((Lq, Lk)) < 0.5 if "mask" in flags else None   # half the keys visible
         q = rng.standard_normal((B, Hq, Lq, D)).astype(dt)
         k, v = (rng.standard_normal((B, Hkv, Lk, D)).astype(dt) for _ in range(2))
-        return lambda M: M.attention(q, k, v, causal=causal, return_weights=weights)
+        return lambda M: M.attention(q, k, v, causal=causal, return_weights=weights, mask=mask)
     sys.exit(f"unknown case {case!r}; known: {', '.join(list(CASES) + OTHER)}, "
-             "or attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights]")
+             "or attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask]")
 
 
 def main(argv=None):

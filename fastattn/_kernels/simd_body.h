@@ -878,9 +878,9 @@ static inline void FA_SFX(fa_tmask_chunk)(FA_T *st, int64_t lds, int64_t j0, int
  * range).  The mask block is first transposed into tbuf (cw x (j1-j0) bytes) so
  * the select runs on whole vectors of lanes without branches: a random mask would
  * mispredict half of its branches. */
-static inline void FA_SFX(fa_tmask_bool_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
-                                               const uint8_t *const *mrows, int64_t nl, int64_t sc,
-                                               uint8_t *tbuf, int nv)
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_tmask_bool_nv)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                         const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf, const int nv)
 {
     const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
     const int64_t cw = (int64_t)nv * FA_W;
@@ -895,13 +895,30 @@ static inline void FA_SFX(fa_tmask_bool_chunk)(FA_T *st, int64_t lds, int64_t j0
     }
     for (int64_t j = j0; j < j1; j++) {
         const uint8_t *row = tbuf + (j - j0) * cw;
-        for (int v = 0; v < nv; v++) {
+        FA_UNROLL for (int v = 0; v < nv; v++) {
             FA_VI keep;
             for (int l = 0; l < FA_W; l++) keep[l] = row[v * FA_W + l];
             FA_T *p = st + j * lds + v * FA_W;
             FA_SFX(fa_store)(p, FA_SFX(fa_select)(keep != 0, FA_SFX(fa_load)(p), ninf));
         }
     }
+}
+
+/* The same for a chunk of nv = 1, 2 or FA_T_NV vectors (instantiated per width). */
+static inline void FA_SFX(fa_tmask_bool_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                                               const uint8_t *const *mrows, int64_t nl, int64_t sc,
+                                               uint8_t *tbuf, int nv)
+{
+#if FA_T_NV > 2
+    if (nv > 2) {
+        FA_SFX(fa_tmask_bool_nv)(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, FA_T_NV);
+        return;
+    }
+#endif
+    if (nv == 2)
+        FA_SFX(fa_tmask_bool_nv)(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, 2);
+    else
+        FA_SFX(fa_tmask_bool_nv)(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, 1);
 }
 
 /* Online softmax update of one chunk over rows [j0, j1) of St: running
