@@ -39,7 +39,12 @@ SWEEP = [
 ] + [
     A(f"L{n}-{dt[5:]}{'-causal' if c else ''}", 1, 4, n, n, 64, dtype=dt, causal=c)
     for n in (1, 777, 1000) for dt in ("float32", "float64") for c in (False, True)
-]
+] + [
+    # query rows against a KV cache, across the kernel regimes (few-row, row-major,
+    # query-vectorised with 1, 2 and 4+1 vectors of lanes, key splits)
+    A(f"rows{n}-{dt[5:]}", 1, 8, n, 4096, 128, dtype=dt)
+    for n in (4, 8, 16, 24, 32, 48, 80) for dt in ("float32",)
+] + [A("rows16-64", 1, 8, 16, 4096, 128, dtype="float64")]
 
 ATTENTION_CASES = [c for c in H.STANDARD_CASES + H.EXTRA_CASES if c["kind"] == "attention"] + SWEEP
 SOFTMAX_CASES = [c for c in H.STANDARD_CASES if c["kind"] == "softmax"] + [
