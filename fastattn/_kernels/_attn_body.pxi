@@ -1039,21 +1039,23 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
         # m holds each lane's lse (padding lanes 0); the tiles below write each
         # row's weights for the keys its chunk visits (0 where masked), the rest
         # of the row is filled here: 0, or NaN for a NaN row (all of it NaN)
+        # (a chunk's key range [ch_lo, ch_hi) lies inside [lo_all, hi_all))
         for i in range(lanes):
             m[i] = stats[i] if i < nr else 0
-            mxt[i % (FA_T_NV * W)] = 1
+        for i in range(FA_T_NV * W):
+            mxt[i] = 1        # the row scales of the transposed weight writes
         for ch in range(nch):
             for i in range(ch_c0[ch], min(ch_c0[ch] + ch_nv[ch] * W, nr)):
                 grp = ws.goff[i]
                 wrow = wbase + grp * P.w.sg + (r0 + i - grp * P.Lq) * P.w.sr
                 fill = m[i] if m[i] != m[i] else 0
-                if ch_lo[ch] >= ch_hi[ch] or lo_all >= hi_all:
+                if ch_lo[ch] >= ch_hi[ch]:
                     for j in range(P.Lk):
                         wrow[j * P.w.sc] = fill
                     continue
-                for j in range(max(ch_lo[ch], lo_all)):
+                for j in range(ch_lo[ch]):
                     wrow[j * P.w.sc] = fill
-                for j in range(min(ch_hi[ch], hi_all), P.Lk):
+                for j in range(ch_hi[ch], P.Lk):
                     wrow[j * P.w.sc] = fill
 
     t0 = lo_all

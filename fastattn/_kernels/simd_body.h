@@ -660,6 +660,22 @@ static inline void FA_SFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, co
         if ((rem) & 1) { CALL(1); }                         \
     } while (0)
 
+/* BODY(MR, NV) for the chunk width nv, as a constant: FA_T_NV, 2 or 1 vectors with
+ * their MR; the _chunk functions below are these per-width instantiations of
+ * their always-inline _nv bodies. */
+#if FA_T_NV > 2
+#  define FA_T_BY_WIDTH(nv, BODY) do {                                          \
+        if ((nv) > 2) { BODY(FA_T_MR, FA_T_NV); }                               \
+        else if ((nv) == 2) { BODY(FA_T_MR2, 2); }                              \
+        else { BODY(FA_T_MR1, 1); }                                             \
+    } while (0)
+#else
+#  define FA_T_BY_WIDTH(nv, BODY) do {                                          \
+        if ((nv) == 2) { BODY(FA_T_MR2, 2); }                                   \
+        else { BODY(FA_T_MR1, 1); }                                             \
+    } while (0)
+#endif
+
 /* St[r][chunk] = sum_d K[r][d] * Qt[d][chunk] for the first mr (constant) keys. */
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_tqk_micro)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *restrict qt, int64_t ldq,
@@ -742,29 +758,14 @@ static inline void FA_SFX(fa_tqk_chunk)(const FA_T *k, int64_t ksr, int64_t ksc,
      * ksc = 1 the broadcasts of a block address one row pointer plus constant
      * offsets, instead of a register per row multiple of ksc (on AVX2 the
      * general form spills loop registers to the stack) */
-    if (ksc == 1) {
-#if FA_T_NV > 2
-        if (nv > 2) {
-            FA_SFX(fa_tqk_nv)(k, ksr, 1, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR, FA_T_NV, pf);
-            return;
-        }
-#endif
-        if (nv == 2)
-            FA_SFX(fa_tqk_nv)(k, ksr, 1, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR2, 2, pf);
-        else
-            FA_SFX(fa_tqk_nv)(k, ksr, 1, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR1, 1, pf);
-        return;
-    }
-#if FA_T_NV > 2
-    if (nv > 2) {
-        FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR, FA_T_NV, 0);
-        return;
-    }
-#endif
-    if (nv == 2)
-        FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR2, 2, 0);
+#define FA_TQK_CONTIG(MR, NV) FA_SFX(fa_tqk_nv)(k, ksr, 1, qt, ldq, D, st, lds, j0, j1, mx, MR, NV, pf)
+#define FA_TQK_STRIDED(MR, NV) FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, MR, NV, 0)
+    if (ksc == 1)
+        FA_T_BY_WIDTH(nv, FA_TQK_CONTIG);
     else
-        FA_SFX(fa_tqk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, FA_T_MR1, 1, 0);
+        FA_T_BY_WIDTH(nv, FA_TQK_STRIDED);
+#undef FA_TQK_CONTIG
+#undef FA_TQK_STRIDED
 }
 
 /* Ot[c][chunk] += sum_{j in [j0,j1)} V[j][c] * Pt[j][chunk] for the first mr (constant) columns. */
@@ -814,29 +815,15 @@ FA_SFX(fa_tpv_nv)(const FA_T *vv, int64_t vsr, int64_t vsc, int64_t Dv, const FA
 static inline void FA_SFX(fa_tpv_chunk)(const FA_T *vv, int64_t vsr, int64_t vsc, int64_t Dv, const FA_T *pt,
                                         int64_t lds, int64_t j0, int64_t j1, FA_T *ot, int64_t ldo, int nv)
 {
-    if (vsc == 1) {         /* contiguous value rows: see fa_tqk_chunk */
-#if FA_T_NV > 2
-        if (nv > 2) {
-            FA_SFX(fa_tpv_nv)(vv, vsr, 1, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR, FA_T_NV);
-            return;
-        }
-#endif
-        if (nv == 2)
-            FA_SFX(fa_tpv_nv)(vv, vsr, 1, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR2, 2);
-        else
-            FA_SFX(fa_tpv_nv)(vv, vsr, 1, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR1, 1);
-        return;
-    }
-#if FA_T_NV > 2
-    if (nv > 2) {
-        FA_SFX(fa_tpv_nv)(vv, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR, FA_T_NV);
-        return;
-    }
-#endif
-    if (nv == 2)
-        FA_SFX(fa_tpv_nv)(vv, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR2, 2);
+    /* contiguous value rows get their own instantiations: see fa_tqk_chunk */
+#define FA_TPV_CONTIG(MR, NV) FA_SFX(fa_tpv_nv)(vv, vsr, 1, Dv, pt, lds, j0, j1, ot, ldo, MR, NV)
+#define FA_TPV_STRIDED(MR, NV) FA_SFX(fa_tpv_nv)(vv, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, MR, NV)
+    if (vsc == 1)
+        FA_T_BY_WIDTH(nv, FA_TPV_CONTIG);
     else
-        FA_SFX(fa_tpv_nv)(vv, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, FA_T_MR1, 1);
+        FA_T_BY_WIDTH(nv, FA_TPV_STRIDED);
+#undef FA_TPV_CONTIG
+#undef FA_TPV_STRIDED
 }
 
 /* St[j][lane] = -inf where key t0+j lies outside the lane's visible range
@@ -860,16 +847,9 @@ FA_SFX(fa_tmask_nv)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
 static inline void FA_SFX(fa_tmask_chunk)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                           const FA_T *lo, const FA_T *hi, int nv)
 {
-#if FA_T_NV > 2
-    if (nv > 2) {
-        FA_SFX(fa_tmask_nv)(st, lds, j0, j1, t0, lo, hi, FA_T_NV);
-        return;
-    }
-#endif
-    if (nv == 2)
-        FA_SFX(fa_tmask_nv)(st, lds, j0, j1, t0, lo, hi, 2);
-    else
-        FA_SFX(fa_tmask_nv)(st, lds, j0, j1, t0, lo, hi, 1);
+#define FA_TMASK(MR, NV) FA_SFX(fa_tmask_nv)(st, lds, j0, j1, t0, lo, hi, NV)
+    FA_T_BY_WIDTH(nv, FA_TMASK);
+#undef FA_TMASK
 }
 
 /* St[j][lane] = -inf where the boolean mask says the lane's query may not see key
@@ -909,16 +889,9 @@ static inline void FA_SFX(fa_tmask_bool_chunk)(FA_T *st, int64_t lds, int64_t j0
                                                const uint8_t *const *mrows, int64_t nl, int64_t sc,
                                                uint8_t *tbuf, int nv)
 {
-#if FA_T_NV > 2
-    if (nv > 2) {
-        FA_SFX(fa_tmask_bool_nv)(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, FA_T_NV);
-        return;
-    }
-#endif
-    if (nv == 2)
-        FA_SFX(fa_tmask_bool_nv)(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, 2);
-    else
-        FA_SFX(fa_tmask_bool_nv)(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, 1);
+#define FA_TMASK_BOOL(MR, NV) FA_SFX(fa_tmask_bool_nv)(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, NV)
+    FA_T_BY_WIDTH(nv, FA_TMASK_BOOL);
+#undef FA_TMASK_BOOL
 }
 
 /* Online softmax update of one chunk over rows [j0, j1) of St: running
@@ -996,16 +969,9 @@ static inline void FA_SFX(fa_tsoftmax_chunk)(FA_T *st, int64_t lds, int64_t j0, 
                                              FA_T *m, FA_T *l, FA_T *ot, int64_t ldo, int64_t Dv,
                                              const FA_T *mx, int nv)
 {
-#if FA_T_NV > 2
-    if (nv > 2) {
-        FA_SFX(fa_tsoftmax_nv)(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, FA_T_NV);
-        return;
-    }
-#endif
-    if (nv == 2)
-        FA_SFX(fa_tsoftmax_nv)(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, 2);
-    else
-        FA_SFX(fa_tsoftmax_nv)(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, 1);
+#define FA_TSOFTMAX(MR, NV) FA_SFX(fa_tsoftmax_nv)(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, NV)
+    FA_T_BY_WIDTH(nv, FA_TSOFTMAX);
+#undef FA_TSOFTMAX
 }
 
 /* return_weights, second pass: St[j][lane] -> exp(St - lse[lane]) over rows
@@ -1054,5 +1020,6 @@ static inline int FA_SFX(fa_block_nonfinite)(const FA_T *x, int64_t rows, int64_
 }
 
 #undef FA_T_TAILS
+#undef FA_T_BY_WIDTH
 #undef FA_W
 #undef FA_QK_NR
