@@ -68,6 +68,23 @@ def test_extreme_values(rng):
     assert_close(fastattn.log_softmax(x32), R.log_softmax(x32), np.float32)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_exp_elementwise_accuracy(dtype):
+    """Every element's weight to a few ulp: rows [0, x] give 1 / (1 + e^x) and
+    e^x / (1 + e^x), so the vectorised exp is seen one argument at a time over
+    its whole normal range (the RMS tolerances elsewhere would hide a bad
+    polynomial coefficient or range reduction at some arguments)."""
+    lo = -86.0 if dtype == np.float32 else -700.0
+    x = np.linspace(lo, 0.0, 200003).astype(dtype)
+    rows = np.stack([np.zeros_like(x), x], axis=1)
+    got = fastattn.softmax(rows, axis=-1).astype(np.float64)
+    e = np.exp(x.astype(np.float64))
+    want = np.stack([1 / (1 + e), e / (1 + e)], axis=1)
+    eps = np.finfo(dtype).eps
+    rel = np.abs(got - want) / want
+    assert rel.max() <= 4 * eps, (float(rel.max() / eps), float(x[np.argmax(rel.max(axis=1))]))
+
+
 # ------------------------------------------------------------------ special rows
 @pytest.mark.parametrize("dtype", FLOATS + [np.float16])
 @pytest.mark.parametrize("axis", [-1, 0])
