@@ -114,6 +114,7 @@ cdef enum:
     BLOCK_Q = 64         # query rows per work unit (row-major path: decode, few rows, weights)
     BLOCK_QT = 128       # query rows per work unit (query-vectorised path)
     T_MIN_ROWS = 16      # fewer query rows than this: row-major path (see use_t_path)
+    T_RUNS_MAX = 32      # key runs of a chunk's tile (t_runs: <= 22 for FA_T_NV <= 4)
     BLOCK_K = 64         # keys per tile (a multiple of every QK panel width)
     PANEL_MAX = 32       # keys per QK panel, at most (FA_QK_NV vectors of floats)
     PARALLEL_MIN_WORK = 200000  # smaller problems run on the calling thread alone
@@ -918,6 +919,56 @@ cdef inline void prefetch_tile(const Plan *P, const floating *kbase, const float
         prefetch_rows(vbase + t0 * P.v.sr, t1 - t0, P.v.sr, P.Dv)
 
 
+cdef int t_runs(int64_t j0, int64_t j1, const int64_t *a, const int64_t *e, int nv,
+                int64_t *rs, int64_t *re, int *rv, int *rw) noexcept nogil:
+    """Cut keys [j0, j1) of a chunk whose vector v sees keys [a[v], e[v]) (tile
+    rows; empty when e[v] <= a[v]) into runs: keys [rs, re) seen by every vector
+    of rv .. rv + rw - 1, a maximal group of adjacent vectors.  The keys a vector
+    sees are the union of its runs.  Returns the number of runs (at most
+    (2 nv + 1) * (nv + 1) / 2: 2 nv + 1 segments between the range ends)."""
+    cdef int64_t bp[2 * FA_T_NV + 2]
+    cdef int64_t x, st
+    cdef int nb = 0, n = 0, i, k, v
+    bp[nb] = j0
+    nb += 1
+    for v in range(nv):
+        if e[v] > a[v]:
+            if j0 < a[v] < j1:
+                bp[nb] = a[v]
+                nb += 1
+            if j0 < e[v] < j1:
+                bp[nb] = e[v]
+                nb += 1
+    bp[nb] = j1
+    nb += 1
+    for i in range(1, nb):          # insertion sort: at most 2 nv + 2 entries
+        x = bp[i]
+        k = i - 1
+        while k >= 0 and bp[k] > x:
+            bp[k + 1] = bp[k]
+            k -= 1
+        bp[k + 1] = x
+    for i in range(nb - 1):
+        st = bp[i]
+        if bp[i + 1] <= st:
+            continue
+        v = 0
+        while v < nv:
+            if a[v] <= st < e[v]:
+                k = v
+                while k + 1 < nv and a[k + 1] <= st < e[k + 1]:
+                    k += 1
+                rs[n] = st
+                re[n] = bp[i + 1]
+                rv[n] = v
+                rw[n] = k - v + 1
+                n += 1
+                v = k + 1
+            else:
+                v += 1
+    return n
+
+
 cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
                      int64_t kb, int64_t ke, int mode, floating *stats, floating *part_o,
                      floating *part_m, double *part_l) noexcept nogil:
@@ -972,6 +1023,19 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     cdef int64_t ch_himin[64]
     cdef int64_t ch_c0[64]      # first lane of each chunk
     cdef int ch_nv[64]          # its width in vectors
+    # per vector of lanes: min lo / max hi over its lanes that see keys; in a
+    # masked tile, keys that no lane of a vector sees are left out of the QK
+    # and P.V kernels for that vector (the causal diagonal: a quarter to three
+    # quarters of a 4-vector chunk's keys, per vector)
+    cdef int64_t vec_lo[64]
+    cdef int64_t vec_hi[64]
+    cdef int64_t va[FA_T_NV]
+    cdef int64_t ve[FA_T_NV]
+    cdef int64_t run_s[T_RUNS_MAX]
+    cdef int64_t run_e[T_RUNS_MAX]
+    cdef int run_v[T_RUNS_MAX]
+    cdef int run_w[T_RUNS_MAX]
+    cdef int nruns, ri, rv0, rw0, nw, v
     cdef int need_pv = mode != MODE_STATS
     cdef floating *wbase = (<floating *>P.w.base) + batch_offset(P, &P.w, b) if mode == MODE_WEIGHTS else NULL
     cdef floating *wrow
@@ -1034,6 +1098,13 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                 ch_himin[ch] = min(ch_himin[ch], ws.hi[i])
             else:
                 ch_himin[ch] = -1     # an empty or padding lane: always mask
+    for v in range(lanes // W):
+        vec_lo[v] = P.Lk
+        vec_hi[v] = 0
+        for i in range(v * W, min(v * W + W, nr)):
+            if ws.hi[i] > ws.lo[i]:
+                vec_lo[v] = min(vec_lo[v], ws.lo[i])
+                vec_hi[v] = max(vec_hi[v], ws.hi[i])
 
     if mode == MODE_WEIGHTS:
         # m holds each lane's lse (padding lanes 0); the tiles below write each
@@ -1079,8 +1150,34 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                 mx = mxt
                 for i in range(cw):
                     mx[i] = -INFINITY
-            tqk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + c0, ld, Dk, st + c0, ld, j0, j1, mx, nv,
-                      ch == 0)
+            nruns = 0
+            if masked and nv > 1:
+                for v in range(nv):
+                    va[v] = max(vec_lo[c0 // W + v] - t0, j0)
+                    ve[v] = min(vec_hi[c0 // W + v] - t0, j1)
+                nruns = t_runs(j0, j1, va, ve, nv, run_s, run_e, run_v, run_w)
+                if nruns == 1 and run_w[0] == nv:
+                    nruns = 0         # every vector sees every key: one block
+            if nruns == 0:
+                tqk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + c0, ld, Dk, st + c0, ld, j0, j1, mx, nv,
+                          ch == 0)
+            else:
+                for ri in range(nruns):
+                    rv0 = run_v[ri]
+                    rw0 = run_w[ri]
+                    while rw0 > 0:
+                        nw = FA_T_NV if rw0 >= FA_T_NV else (2 if rw0 >= 2 else 1)
+                        tqk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + c0 + rv0 * W, ld, Dk,
+                                  st + c0 + rv0 * W, ld, run_s[ri], run_e[ri], <floating *>NULL, nw, ch == 0)
+                        rv0 += nw
+                        rw0 -= nw
+                # the scores a vector does not see: -inf (the mask pass below
+                # would set them; this keeps unset memory out of the options)
+                for v in range(nv):
+                    for j in range(j0, j1):
+                        if j < va[v] or j >= ve[v]:
+                            for i in range(c0 + v * W, c0 + v * W + W):
+                                st[j * ld + i] = -INFINITY
             if needs_options:
                 apply_score_options_t(P, ws, st + c0, ld, j0, j1, t0, c0,
                                       min(cw, nr - c0), cw, b, r0, mbo, bbo)
@@ -1106,7 +1203,18 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                                mx, nv)
             if not need_pv:
                 continue
-            if not vnf:
+            if not vnf and nruns > 0:
+                # P is 0 where a vector sees no key: its runs only
+                for ri in range(nruns):
+                    rv0 = run_v[ri]
+                    rw0 = run_w[ri]
+                    while rw0 > 0:
+                        nw = FA_T_NV if rw0 >= FA_T_NV else (2 if rw0 >= 2 else 1)
+                        tpv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + c0 + rv0 * W, ld,
+                                  run_s[ri], run_e[ri], ot + c0 + rv0 * W, ld, nw)
+                        rv0 += nw
+                        rw0 -= nw
+            elif not vnf:
                 tpv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + c0, ld, j0, j1, ot + c0, ld, nv)
             else:
                 # values hold inf/NaN: only each lane's visible keys may touch it

@@ -79,6 +79,9 @@
 #  define FA_T_MR1 8
 #endif
 #define FA_T_MRMAX 16
+#if FA_T_NV > 4
+#  error "T_RUNS_MAX (_attn_body.pxi) bounds the key runs of chunks of at most 4 vectors"
+#endif
 #if FA_T_MR > FA_T_MRMAX || FA_T_MR1 > FA_T_MRMAX || FA_T_MR2 > FA_T_MRMAX
 #  error "FA_T_MRMAX must bound every query-vectorised MR"
 #endif
