@@ -919,6 +919,12 @@ cdef inline void prefetch_tile(const Plan *P, const floating *kbase, const float
         prefetch_rows(vbase + t0 * P.v.sr, t1 - t0, P.v.sr, P.Dv)
 
 
+cdef inline int t_width(int64_t nvec) noexcept nogil:
+    """The widest query-vectorised kernel width that nvec (>= 1) vectors of lanes
+    fill: FA_T_NV, 2 or 1 vectors (the widths the kernels are instantiated for)."""
+    return FA_T_NV if nvec >= FA_T_NV else (2 if nvec >= 2 else 1)
+
+
 cdef int t_runs(int64_t j0, int64_t j1, const int64_t *a, const int64_t *e, int nv,
                 int64_t *rs, int64_t *re, int *rv, int *rw) noexcept nogil:
     """Cut keys [j0, j1) of a chunk whose vector v sees keys [a[v], e[v]) (tile
@@ -1042,9 +1048,9 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     cdef floating fill
     cdef int64_t ni
 
-    # chunks: as many of FA_T_NV vectors as the rows fill, then 2, then 1
+    # chunks: as many of FA_T_NV vectors as the rows fill, then 2, then 1 (t_width)
     while nvec > 0:
-        nv = FA_T_NV if nvec >= FA_T_NV else (2 if nvec >= 2 else 1)
+        nv = t_width(nvec)
         ch_c0[nch] = lanes
         ch_nv[nch] = nv
         lanes += nv * W
@@ -1166,7 +1172,7 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                     rv0 = run_v[ri]
                     rw0 = run_w[ri]
                     while rw0 > 0:
-                        nw = FA_T_NV if rw0 >= FA_T_NV else (2 if rw0 >= 2 else 1)
+                        nw = t_width(rw0)
                         tqk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + c0 + rv0 * W, ld, Dk,
                                   st + c0 + rv0 * W, ld, run_s[ri], run_e[ri], <floating *>NULL, nw, ch == 0)
                         rv0 += nw
@@ -1209,7 +1215,7 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                     rv0 = run_v[ri]
                     rw0 = run_w[ri]
                     while rw0 > 0:
-                        nw = FA_T_NV if rw0 >= FA_T_NV else (2 if rw0 >= 2 else 1)
+                        nw = t_width(rw0)
                         tpv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + c0 + rv0 * W, ld,
                                   run_s[ri], run_e[ri], ot + c0 + rv0 * W, ld, nw)
                         rv0 += nw
