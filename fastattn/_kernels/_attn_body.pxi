@@ -473,6 +473,22 @@ cdef void workspace_delete(Workspace *ws) noexcept nogil:
 
 # ---------------------------------------------------------------- attention: one work unit
 
+cdef inline void key_range(const Plan *P, int64_t p, int64_t kb, int64_t ke,
+                           int64_t *lo, int64_t *hi) noexcept nogil:
+    """Keys [lo, hi) of [kb, ke) that a row at diagonal position p sees (causal,
+    window); hi = lo when it sees none."""
+    lo[0] = kb
+    hi[0] = ke
+    if P.causal != CAUSAL_NONE and p + 1 < hi[0]:
+        hi[0] = p + 1
+    if P.wr >= 0 and p + P.wr + 1 < hi[0]:
+        hi[0] = p + P.wr + 1
+    if P.wl >= 0 and p - P.wl > lo[0]:
+        lo[0] = p - P.wl
+    if hi[0] < lo[0]:
+        hi[0] = lo[0]
+
+
 cdef void setup_rows(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
                         int64_t kb, int64_t ke, int64_t *lo_all, int64_t *hi_all) noexcept nogil:
     """Visible key range [lo, hi) of each row, clipped to the key split [kb, ke).
@@ -495,17 +511,8 @@ cdef void setup_rows(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
         if P.causal == CAUSAL_BOTTOM_RIGHT:
             p = pos + kl - P.Lq
         ws.pos[i] = p
-        lo = kb
-        hi = kl if kl < ke else ke
-        if P.causal != CAUSAL_NONE and p + 1 < hi:
-            hi = p + 1
-        if P.wr >= 0 and p + P.wr + 1 < hi:
-            hi = p + P.wr + 1
-        if P.wl >= 0 and p - P.wl > lo:
-            lo = p - P.wl
-        if hi <= lo:
-            hi = lo
-        else:
+        key_range(P, p, kb, kl if kl < ke else ke, &lo, &hi)
+        if hi > lo:
             if lo < lo_all[0]:
                 lo_all[0] = lo
             if hi > hi_all[0]:
@@ -1449,6 +1456,8 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     cdef double *pl = NULL
     cdef int use_threads = nthreads > 1 and plan_work(P) > PARALLEL_MIN_WORK
     cdef int64_t stride_split = 0
+    cdef int64_t kb0, ke0, kb1, ke1
+    cdef int rev
     if units == 0:
         return 0
     # Decode-like problems (few units, many keys) split the key range; the split
@@ -1484,6 +1493,13 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
         kind = UNIT_T_WEIGHTS if use_t else UNIT_WEIGHTS
     elif use_t:
         kind = UNIT_T
+    # Causal and left windows give later rows more keys: the threads take units
+    # last-first, heaviest first, so the team does not wait at the end for one
+    # thread's last diagonal block (any order gives the same bits: each unit
+    # writes its own rows or split).
+    key_range(P, (P.Lk - P.Lq if P.causal == CAUSAL_BOTTOM_RIGHT else 0), 0, P.Lk, &kb0, &ke0)
+    key_range(P, P.Lq - 1 + (P.Lk - P.Lq if P.causal == CAUSAL_BOTTOM_RIGHT else 0), 0, P.Lk, &kb1, &ke1)
+    rev = ke1 - kb1 > ke0 - kb0
     if not use_threads:
         # Small problems: no OpenMP region at all (even a one-thread region is a
         # runtime call with locking), one workspace on the calling thread.
@@ -1504,7 +1520,7 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
                 failed_p[0] = 1
             for u in prange(total, schedule='dynamic'):
                 if ws != NULL:
-                    do_unit(P, ws, u, kind, units, nblk, bq, rows, chunk, stride_split, stats, po, pm, pl)
+                    do_unit(P, ws, total - 1 - u if rev else u, kind, units, nblk, bq, rows, chunk, stride_split, stats, po, pm, pl)
             workspace_delete(ws)
 
     if nsplit > 1 and not failed:
