@@ -739,6 +739,36 @@ def test_query_vectorised_key_splits(Lq, dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("Lq", [8, 80, 200])
+def test_nonfinite_values_hidden_by_key_ranges(Lq, dtype, rng):
+    """inf and NaN in value rows reach exactly the rows that see those keys: causal
+    (both alignments), windows (each side, and one side unbounded) and key lengths
+    hide them from the others, whose outputs stay finite: a tile that some row of
+    a unit sees only in part must keep them from that row (on the query-vectorised
+    path, the values' inf/NaN probe sends such a tile to the per-row exact P.V; a
+    probe skipped where either end of a row's range cuts the tile fails here).
+    Row-major (8 rows) and query-vectorised (80, 200) units, against the reference
+    and bit-identical for 1 and 2 threads."""
+    Lk = 300
+    q = randn(rng, (1, 2, Lq, 24), dtype)
+    k = randn(rng, (1, 2, Lk, 24), dtype)
+    v = randn(rng, (1, 2, Lk, 40), dtype)
+    for key in (3, 100, 170, 290):
+        v[0, :, key, 3] = np.inf
+    v[0, :, 140, 7] = np.nan
+    cases = (dict(causal=True), dict(causal="bottom_right"), dict(window=(20, 5)),
+             dict(window=(50, None)), dict(window=(None, 10)), dict(window=(0, 0)),
+             dict(kv_lengths=np.array([[Lk, 150]])))
+    for opts in cases:
+        want = R.attention(q, k, v, **opts)
+        outs = [fastattn.attention(q, k, v, num_threads=nt, **opts) for nt in (1, 2)]
+        what = f"Lq={Lq} {opts}"
+        assert np.isfinite(want).any() and not np.isfinite(want).all(), what
+        assert_close(outs[0], want, dtype, what=what)
+        assert np.array_equal(outs[1], outs[0], equal_nan=True), f"differs with threads ({what})"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("Lq", [16, 45, 80, 128])
 def test_query_vectorised_strided_keys_and_values(Lq, dtype, rng):
     """The query-vectorised kernels read keys and values in place: rows with
