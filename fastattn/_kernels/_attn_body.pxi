@@ -1456,7 +1456,7 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     cdef double *pl = NULL
     cdef int use_threads = nthreads > 1 and plan_work(P) > PARALLEL_MIN_WORK
     cdef int64_t stride_split = 0
-    cdef int64_t kb0, ke0, kb1, ke1
+    cdef int64_t kb0, ke0, kb1, ke1, p_off
     cdef int rev
     if units == 0:
         return 0
@@ -1497,8 +1497,9 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     # last-first, heaviest first, so the team does not wait at the end for one
     # thread's last diagonal block (any order gives the same bits: each unit
     # writes its own rows or split).
-    key_range(P, (P.Lk - P.Lq if P.causal == CAUSAL_BOTTOM_RIGHT else 0), 0, P.Lk, &kb0, &ke0)
-    key_range(P, P.Lq - 1 + (P.Lk - P.Lq if P.causal == CAUSAL_BOTTOM_RIGHT else 0), 0, P.Lk, &kb1, &ke1)
+    p_off = P.Lk - P.Lq if P.causal == CAUSAL_BOTTOM_RIGHT else 0     # diagonal of row 0
+    key_range(P, p_off, 0, P.Lk, &kb0, &ke0)
+    key_range(P, p_off + P.Lq - 1, 0, P.Lk, &kb1, &ke1)
     rev = ke1 - kb1 > ke0 - kb0
     if not use_threads:
         # Small problems: no OpenMP region at all (even a one-thread region is a
