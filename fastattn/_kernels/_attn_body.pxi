@@ -473,6 +473,12 @@ cdef void workspace_delete(Workspace *ws) noexcept nogil:
 
 # ---------------------------------------------------------------- attention: one work unit
 
+cdef inline int64_t row_diag(const Plan *P, int64_t pos, int64_t kl) noexcept nogil:
+    """Diagonal position p(i) of query position pos against kl keys: pos itself,
+    or shifted so the last query meets the last key (bottom-right causal)."""
+    return pos + kl - P.Lq if P.causal == CAUSAL_BOTTOM_RIGHT else pos
+
+
 cdef inline void key_range(const Plan *P, int64_t p, int64_t kb, int64_t ke,
                            int64_t *lo, int64_t *hi) noexcept nogil:
     """Keys [lo, hi) of [kb, ke) that a row at diagonal position p sees (causal,
@@ -507,9 +513,7 @@ cdef void setup_rows(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
         kl = P.Lk
         if P.has_kvlen and P.kvlen[b * P.g + grp] < kl:
             kl = P.kvlen[b * P.g + grp]
-        p = pos
-        if P.causal == CAUSAL_BOTTOM_RIGHT:
-            p = pos + kl - P.Lq
+        p = row_diag(P, pos, kl)
         ws.pos[i] = p
         key_range(P, p, kb, kl if kl < ke else ke, &lo, &hi)
         if hi > lo:
@@ -1456,7 +1460,7 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     cdef double *pl = NULL
     cdef int use_threads = nthreads > 1 and plan_work(P) > PARALLEL_MIN_WORK
     cdef int64_t stride_split = 0
-    cdef int64_t kb0, ke0, kb1, ke1, p_off
+    cdef int64_t kb0, ke0, kb1, ke1
     cdef int rev
     if units == 0:
         return 0
@@ -1497,9 +1501,8 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     # last-first, heaviest first, so the team does not wait at the end for one
     # thread's last diagonal block (any order gives the same bits: each unit
     # writes its own rows or split).
-    p_off = P.Lk - P.Lq if P.causal == CAUSAL_BOTTOM_RIGHT else 0     # diagonal of row 0
-    key_range(P, p_off, 0, P.Lk, &kb0, &ke0)
-    key_range(P, p_off + P.Lq - 1, 0, P.Lk, &kb1, &ke1)
+    key_range(P, row_diag(P, 0, P.Lk), 0, P.Lk, &kb0, &ke0)
+    key_range(P, row_diag(P, P.Lq - 1, P.Lk), 0, P.Lk, &kb1, &ke1)
     rev = ke1 - kb1 > ke0 - kb0
     if not use_threads:
         # Small problems: no OpenMP region at all (even a one-thread region is a
