@@ -114,6 +114,7 @@ cdef enum:
     BLOCK_Q = 64         # query rows per work unit (row-major path: decode, few rows, weights)
     BLOCK_QT = 128       # query rows per work unit (query-vectorised path)
     T_MIN_ROWS = 16      # fewer query rows than this: row-major path (see use_t_path)
+    FEW_MAX_ROWS = 12    # units of at most this many rows read keys and values in place (run_unit)
     T_RUNS_MAX = 32      # key runs of a chunk's tile (t_runs: <= 22 for FA_T_NV <= 4)
     BLOCK_K = 64         # keys per tile (a multiple of every QK panel width)
     PANEL_MAX = 32       # keys per QK panel, at most (FA_QK_NV vectors of floats)
@@ -377,8 +378,9 @@ cdef struct Workspace:
 
 
 cdef inline int64_t rows_alloc(int64_t rows) noexcept nogil:
-    # rows rounded up so both micro-kernels can run whole register blocks
-    return round_up(rows, FA_QK_MR) + FA_PV_MR
+    # rows rounded up so both micro-kernels can run whole register blocks, and
+    # the few-rows QK (fa_qk_rows) whole blocks of up to 8 rows
+    return max(round_up(rows, FA_QK_MR), round_up(rows, 8)) + FA_PV_MR
 
 
 cdef inline int64_t t_ld(size_t item) noexcept nogil:
@@ -707,10 +709,11 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     cdef int v_nonfinite
     # few rows: dot products straight from the key rows and values read in place
     # (no packing), when the rows are contiguous and the values fill whole vectors.
-    # Up to 5 rows (fewer than FA_QK_MR on narrower ISAs); from 6 on, packed tiles
-    # and the register-blocked kernels win (AVX-512, 8192 keys, D 128, paired:
-    # 5 rows even, 7 rows 1.17x)
-    cdef int few = nr < FA_QK_MR and nr < 6
+    # Up to FEW_MAX_ROWS rows; from there on the packed tiles and the
+    # register-blocked kernels win (AVX-512, 8 heads, 4096 keys, D 128, paired
+    # against them: 4 rows 1.41x, 8 rows 1.33x, 12 rows 1.14-1.20x, 13-15 rows
+    # 0.95x)
+    cdef int few = nr <= FEW_MAX_ROWS
     cdef int k_in_place = few and P.k.sc == 1
     cdef int v_in_place = few and P.v.sc == 1 and Dv % W == 0 and Dv > 0
     cdef const floating *vsrc = NULL

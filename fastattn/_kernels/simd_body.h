@@ -104,6 +104,28 @@ static inline FA_V FA_SFX(fa_load_part)(const FA_T *p, int64_t n, FA_T fill)
     return FA_SFX(fa_load)(tmp);
 }
 
+/* fa_load_part(p, n, 0) as one masked load where the ISA has one (lanes past n
+ * are not read, so p + n may be the end of an array). */
+static inline FA_V FA_SFX(fa_load_tail)(const FA_T *p, int64_t n)
+{
+#if FA_VBYTES == 64 && defined(__AVX512F__)
+#  ifdef FA_DOUBLE
+    return (FA_V)_mm512_maskz_loadu_pd((__mmask8)((1u << n) - 1), p);
+#  else
+    return (FA_V)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+#  endif
+#elif FA_VBYTES == 32 && defined(__AVX2__)
+#  ifdef FA_DOUBLE
+    return (FA_V)_mm256_maskload_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), _mm256_setr_epi64x(0, 1, 2, 3)));
+#  else
+    return (FA_V)_mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n),
+                                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+#  endif
+#else
+    return FA_SFX(fa_load_part)(p, n, 0);
+#endif
+}
+
 static inline void FA_SFX(fa_store_part)(FA_T *p, FA_V v, int64_t n)
 {
     FA_T tmp[FA_W];
@@ -475,66 +497,6 @@ static inline void FA_SFX(fa_qk_block)(const FA_T *restrict qp, int64_t ldq,
     }
 }
 
-/* PV micro-kernel on nv (<= FA_PV_NV, a compile-time constant after inlining)
- * vectors of columns: O[0:MR, :nv*W] += P[0:MR, k0:k1] . V[k0:k1, :nv*W]. */
-static inline __attribute__((always_inline)) void
-FA_SFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp, int64_t ldv,
-                    int64_t k0, int64_t k1, FA_T *restrict o, int64_t ldo, const int nv)
-{
-    FA_V acc[FA_PV_MR][FA_PV_NV];
-    FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
-        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
-            if (v < nv) acc[i][v] = FA_SFX(fa_load)(o + i * ldo + v * FA_W);
-    for (int64_t k = k0; k < k1; k++) {
-        FA_V b[FA_PV_NV];
-        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
-            if (v < nv) b[v] = FA_SFX(fa_load)(vp + k * ldv + v * FA_W);
-        FA_UNROLL for (int i = 0; i < FA_PV_MR; i++) {
-            const FA_V a = FA_SFX(fa_set1)(p[i * ldp + k]);
-            FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
-                if (v < nv) acc[i][v] += a * b[v];
-        }
-    }
-    FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
-        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
-            if (v < nv) FA_SFX(fa_store)(o + i * ldo + v * FA_W, acc[i][v]);
-}
-
-/* O[0:MR, 0:nvec*W] += P[0:MR, k0:k1] . V[k0:k1, 0:nvec*W], in column chunks. */
-static inline void FA_SFX(fa_pv_block)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp,
-                                       int64_t ldv, int64_t k0, int64_t k1, FA_T *restrict o,
-                                       int64_t ldo, int64_t nvec)
-{
-    int64_t c = 0;
-    for (; c + FA_PV_NV <= nvec; c += FA_PV_NV)
-        FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, FA_PV_NV);
-    switch (nvec - c) {
-    case 1: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, 1); break;
-    case 2: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, 2); break;
-    case 3: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, 3); break;
-    default: break;
-    }
-}
-
-/* ---------------- few query rows (decode) ----------------
- * Lanes run over the head dimension: keys and values are read in place, one
- * contiguous row at a time, so nothing is packed and no lane is wasted on
- * padding rows; these loops are bound by memory bandwidth, not FLOPs. */
-
-static inline FA_T FA_SFX(fa_dot)(const FA_T *a, const FA_T *b, int64_t n)
-{
-    FA_V acc0 = FA_SFX(fa_set1)(0), acc1 = acc0;
-    int64_t d = 0;
-    for (; d + 2 * FA_W <= n; d += 2 * FA_W) {
-        acc0 += FA_SFX(fa_load)(a + d) * FA_SFX(fa_load)(b + d);
-        acc1 += FA_SFX(fa_load)(a + d + FA_W) * FA_SFX(fa_load)(b + d + FA_W);
-    }
-    for (; d + FA_W <= n; d += FA_W) acc0 += FA_SFX(fa_load)(a + d) * FA_SFX(fa_load)(b + d);
-    FA_T s = 0;
-    for (; d < n; d++) s += a[d] * b[d];
-    return s + FA_SFX(fa_hsum)(acc0 + acc1);
-}
-
 /* Prefetch the n elements from p (one hint per cache line).  These loops stream
  * keys and values from memory one row at a time; the hardware prefetcher stops
  * at every 4 KiB page, so a single core only reaches its read bandwidth when the
@@ -557,6 +519,71 @@ static inline int64_t FA_SFX(fa_pf_rows)(int64_t row_elems)
     int64_t bytes = row_elems * (int64_t)sizeof(FA_T);
     int64_t r = bytes > 0 ? (FA_PF_BYTES + bytes - 1) / bytes : 1;
     return r < 1 ? 1 : r;
+}
+
+/* PV micro-kernel on mr (<= FA_PV_MR) rows and nv (<= FA_PV_NV) vectors of
+ * columns, both compile-time constants after inlining:
+ * O[0:mr, :nv*W] += P[0:mr, k0:k1] . V[k0:k1, :nv*W].  pfn > 0: the value rows
+ * pf further on are requested, pfn elements each (V streamed from memory). */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp, int64_t ldv,
+                    int64_t k0, int64_t k1, FA_T *restrict o, int64_t ldo, const int mr, const int nv,
+                    int64_t pf, int64_t pfn)
+{
+    FA_V acc[FA_PV_MR][FA_PV_NV];
+    FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
+        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
+            if (i < mr && v < nv) acc[i][v] = FA_SFX(fa_load)(o + i * ldo + v * FA_W);
+    for (int64_t k = k0; k < k1; k++) {
+        FA_V b[FA_PV_NV];
+        if (pfn) FA_SFX(fa_prefetch)(vp + (k + pf) * ldv, pfn);
+        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
+            if (v < nv) b[v] = FA_SFX(fa_load)(vp + k * ldv + v * FA_W);
+        FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
+            if (i < mr) {
+                const FA_V a = FA_SFX(fa_set1)(p[i * ldp + k]);
+                FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
+                    if (v < nv) acc[i][v] += a * b[v];
+            }
+    }
+    FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
+        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
+            if (i < mr && v < nv) FA_SFX(fa_store)(o + i * ldo + v * FA_W, acc[i][v]);
+}
+
+/* O[0:MR, 0:nvec*W] += P[0:MR, k0:k1] . V[k0:k1, 0:nvec*W], in column chunks. */
+static inline void FA_SFX(fa_pv_block)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp,
+                                       int64_t ldv, int64_t k0, int64_t k1, FA_T *restrict o,
+                                       int64_t ldo, int64_t nvec)
+{
+    int64_t c = 0;
+    for (; c + FA_PV_NV <= nvec; c += FA_PV_NV)
+        FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, FA_PV_MR, FA_PV_NV, 0, 0);
+    switch (nvec - c) {
+    case 1: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, FA_PV_MR, 1, 0, 0); break;
+    case 2: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, FA_PV_MR, 2, 0, 0); break;
+    case 3: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, FA_PV_MR, 3, 0, 0); break;
+    default: break;
+    }
+}
+
+/* ---------------- few query rows (decode) ----------------
+ * Lanes run over the head dimension: keys and values are read in place, one
+ * contiguous row at a time, so nothing is packed and no lane is wasted on
+ * padding rows; these loops are bound by memory bandwidth, not FLOPs. */
+
+static inline FA_T FA_SFX(fa_dot)(const FA_T *a, const FA_T *b, int64_t n)
+{
+    FA_V acc0 = FA_SFX(fa_set1)(0), acc1 = acc0;
+    int64_t d = 0;
+    for (; d + 2 * FA_W <= n; d += 2 * FA_W) {
+        acc0 += FA_SFX(fa_load)(a + d) * FA_SFX(fa_load)(b + d);
+        acc1 += FA_SFX(fa_load)(a + d + FA_W) * FA_SFX(fa_load)(b + d + FA_W);
+    }
+    for (; d + FA_W <= n; d += FA_W) acc0 += FA_SFX(fa_load)(a + d) * FA_SFX(fa_load)(b + d);
+    FA_T s = 0;
+    for (; d < n; d++) s += a[d] * b[d];
+    return s + FA_SFX(fa_hsum)(acc0 + acc1);
 }
 
 /* Copy n rows of D contiguous elements (rows sr apart) into dst rows ldd apart,
@@ -589,64 +616,221 @@ static inline int FA_SFX(fa_pack_rows)(const FA_T *src, int64_t sr, int64_t n, i
     return FA_SFX(fa_hsum)(acc0 + acc1) != 0;    /* lanes hold 0 or NaN */
 }
 
-/* S[i][j] = qp[i] . k[j] for i < nr, j < n; key rows contiguous, ksr apart. */
+/* fa_qk_rows takes the rows in blocks of at most this many (a power of two) */
+#define FA_QKR_MAX (FA_W < 8 ? FA_W : 8)
+#if FA_HAVE_SHUFFLE
+/* Scores of R query rows (R a power of two <= W) with G = W / R keys, kg's rows
+ * ksr apart, in one pass over the keys: one accumulator per (row, key) pair, so
+ * W independent FMA chains, each key vector loaded once for the R rows; then
+ * one transpose-and-add tree instead of W horizontal sums.  Lane i*G + u of the
+ * tree's result is the sum of the lanes of pair (i, u) in fa_hsum's order, so a
+ * score does not depend on R or on the key's place in the group.  Stores the
+ * first nrow rows' scores of the first nk keys (s rows lds apart); keys past nk
+ * are not read.  pf != 0: while a key vector is read, the same vector pf rows
+ * further on is requested (the keys stream from memory: one request per load,
+ * spread evenly over the pass). */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_T *kg, int64_t ksr,
+                   int nk, int64_t pf, FA_T *s, int64_t lds)
+{
+    const int G = FA_W / R;
+    FA_V r[FA_W];
+    FA_UNROLL for (int x = 0; x < FA_W; x++) r[x] = FA_SFX(fa_set1)(0);
+    int64_t d = 0;
+    for (; d + FA_W <= D; d += FA_W) {
+        FA_V kv[FA_W];
+        FA_UNROLL for (int u = 0; u < G; u++)
+            if (u < nk) {
+                if (pf) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
+                kv[u] = FA_SFX(fa_load)(kg + u * ksr + d);
+            }
+        FA_UNROLL for (int i = 0; i < R; i++) {
+            const FA_V qv = FA_SFX(fa_load)(qp + i * ldq + d);
+            FA_UNROLL for (int u = 0; u < G; u++)
+                if (u < nk) r[i * G + u] += qv * kv[u];
+        }
+    }
+    if (d < D) {
+        FA_V kv[FA_W];
+        FA_UNROLL for (int u = 0; u < G; u++)
+            if (u < nk) kv[u] = FA_SFX(fa_load_tail)(kg + u * ksr + d, D - d);
+        FA_UNROLL for (int i = 0; i < R; i++) {
+            const FA_V qv = FA_SFX(fa_load_tail)(qp + i * ldq + d, D - d);
+            FA_UNROLL for (int u = 0; u < G; u++)
+                if (u < nk) r[i * G + u] += qv * kv[u];
+        }
+    }
+    FA_UNROLL for (int h = FA_W / 2; h >= 1; h /= 2) {
+        FA_VI ma, mb;
+        FA_SFX(fa_transpose_masks)(h, &ma, &mb);
+        FA_UNROLL for (int a = 0; a < h; a++)
+            r[a] = __builtin_shuffle(r[a], r[a + h], ma) + __builtin_shuffle(r[a], r[a + h], mb);
+    }
+    if (R == 1 && nk == FA_W) {
+        FA_SFX(fa_store)(s, r[0]);
+    } else {
+        FA_T t[FA_W];
+        FA_SFX(fa_store)(t, r[0]);
+        for (int i = 0; i < nrow; i++)
+            for (int u = 0; u < nk; u++) s[i * lds + u] = t[i * G + u];
+    }
+}
+
+/* fa_qk_rows for nrow <= R rows (qp rows up to R readable; the padding rows'
+ * scores are computed and dropped). */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_T *k, int64_t ksr,
+                     int64_t n, FA_T *s, int64_t lds, int stream)
+{
+    const int G = FA_W / R;
+    const int64_t pfr = FA_SFX(fa_pf_rows)(D);
+    const int64_t pf = !stream ? 0 : pfr > G ? pfr : G;
+    int64_t j = 0;
+    for (; j + G <= n; j += G)
+        FA_SFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, G, pf, s + j, lds);
+    if (j < n)
+        FA_SFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, (int)(n - j), 0, s + j, lds);
+}
+#endif
+
+/* S[i][j] = qp[i] . k[j] for i < nr, j < n; key rows contiguous, ksr apart.
+ * Blocks of up to FA_QKR_MAX rows, each in one pass over the keys per group of
+ * keys (fa_qk_pass) with its row count rounded up to a power of two: qp must
+ * hold zeros (or any finite numbers) up to nr rounded up to FA_QKR_MAX rows.
+ * Replaces one dot product and horizontal sum per row and key (the horizontal
+ * sums' latency chains made it 4-6x slower than the FMAs allow): 1.2-1.4x
+ * faster on 2-12 rows, paired, keys from memory or from cache. */
 static inline void FA_SFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, int64_t D,
                                       const FA_T *k, int64_t ksr, int64_t n, FA_T *s, int64_t lds)
 {
+#if FA_HAVE_SHUFFLE
+    for (int64_t i0 = 0; i0 < nr; i0 += FA_QKR_MAX) {
+        const int rows = nr - i0 < FA_QKR_MAX ? (int)(nr - i0) : FA_QKR_MAX;
+        const FA_T *q = qp + i0 * ldq;
+        FA_T *si = s + i0 * lds;
+        const int stream = i0 == 0;
+        if (nr == 1) {
+            /* a single row: key by key, one sequential stream (the decode cases,
+             * bound by memory: 5-7 % faster than fa_qk_pass's group order).  Only
+             * for a unit of one row: a row's scores are otherwise the same for any
+             * number of rows in the unit */
+            const int64_t pf = FA_SFX(fa_pf_rows)(D);
+            for (int64_t j = 0; j < n; j++) {
+                if (stream) FA_SFX(fa_prefetch)(k + (j + pf) * ksr, D);
+                si[j] = FA_SFX(fa_dot)(q, k + j * ksr, D);
+            }
+        } else if (rows == 1)
+            FA_SFX(fa_qk_rows_r)(q, ldq, 1, rows, D, k, ksr, n, si, lds, stream);
+        else if (rows == 2)
+            FA_SFX(fa_qk_rows_r)(q, ldq, 2, rows, D, k, ksr, n, si, lds, stream);
+        else if (rows <= 4)
+            FA_SFX(fa_qk_rows_r)(q, ldq, FA_W >= 4 ? 4 : FA_W, rows, D, k, ksr, n, si, lds, stream);
+        else
+            FA_SFX(fa_qk_rows_r)(q, ldq, FA_W >= 8 ? 8 : FA_W, rows, D, k, ksr, n, si, lds, stream);
+    }
+#else
     const int64_t pf = FA_SFX(fa_pf_rows)(D);
     for (int64_t j = 0; j < n; j++) {
         FA_SFX(fa_prefetch)(k + (j + pf) * ksr, D);
         for (int64_t i = 0; i < nr; i++) s[i * lds + j] = FA_SFX(fa_dot)(qp + i * ldq, k + j * ksr, D);
     }
+#endif
 }
 
-/* O[i][0:nvec*W] += sum_{k in [k0,k1)} P[i][k] * V[k][0:nvec*W] for i < nr, one row
- * at a time (V rows ldv apart, read in place).  Blocks of 8 vectors cover a
- * 128-float (64-double) row in one pass over the keys. */
+/* O[0][0:nvec*W] += sum_{k in [k0,k1)} P[0][k] * V[k][0:nvec*W] for one row
+ * (V rows ldv apart, read in place).  Blocks of 8 vectors cover a 128-float
+ * (64-double) row in one pass over the keys. */
+static inline void FA_SFX(fa_pv_row1)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1,
+                                      FA_T *o, int64_t nvec, int prefetch)
+{
+    int64_t c = 0;
+    for (; c + 8 <= nvec; c += 8) {
+        const int64_t pf = FA_SFX(fa_pf_rows)(8 * FA_W);
+        FA_V a[8];
+        FA_UNROLL for (int u = 0; u < 8; u++) a[u] = FA_SFX(fa_load)(o + (c + u) * FA_W);
+        for (int64_t k = k0; k < k1; k++) {
+            const FA_V w = FA_SFX(fa_set1)(p[k]);
+            const FA_T *vr = vv + k * ldv + c * FA_W;
+            if (prefetch) FA_SFX(fa_prefetch)(vr + pf * ldv, 8 * FA_W);
+            FA_UNROLL for (int u = 0; u < 8; u++) a[u] += w * FA_SFX(fa_load)(vr + u * FA_W);
+        }
+        FA_UNROLL for (int u = 0; u < 8; u++) FA_SFX(fa_store)(o + (c + u) * FA_W, a[u]);
+    }
+    for (; c + 4 <= nvec; c += 4) {
+        const int64_t pf = FA_SFX(fa_pf_rows)(4 * FA_W);
+        FA_V a0 = FA_SFX(fa_load)(o + c * FA_W), a1 = FA_SFX(fa_load)(o + (c + 1) * FA_W);
+        FA_V a2 = FA_SFX(fa_load)(o + (c + 2) * FA_W), a3 = FA_SFX(fa_load)(o + (c + 3) * FA_W);
+        for (int64_t k = k0; k < k1; k++) {
+            const FA_V w = FA_SFX(fa_set1)(p[k]);
+            const FA_T *vr = vv + k * ldv + c * FA_W;
+            if (prefetch) FA_SFX(fa_prefetch)(vr + pf * ldv, 4 * FA_W);
+            a0 += w * FA_SFX(fa_load)(vr);
+            a1 += w * FA_SFX(fa_load)(vr + FA_W);
+            a2 += w * FA_SFX(fa_load)(vr + 2 * FA_W);
+            a3 += w * FA_SFX(fa_load)(vr + 3 * FA_W);
+        }
+        FA_SFX(fa_store)(o + c * FA_W, a0);
+        FA_SFX(fa_store)(o + (c + 1) * FA_W, a1);
+        FA_SFX(fa_store)(o + (c + 2) * FA_W, a2);
+        FA_SFX(fa_store)(o + (c + 3) * FA_W, a3);
+    }
+    for (; c < nvec; c++) {
+        FA_V a0 = FA_SFX(fa_load)(o + c * FA_W);
+        for (int64_t k = k0; k < k1; k++) a0 += FA_SFX(fa_set1)(p[k]) * FA_SFX(fa_load)(vv + k * ldv + c * FA_W);
+        FA_SFX(fa_store)(o + c * FA_W, a0);
+    }
+}
+
+#define FA_PV_MR_CASE(MR)                                                                           \
+    case MR:                                                                                        \
+        for (c = 0; c + FA_PV_NV <= nvec; c += FA_PV_NV, pfn = 0)                                   \
+            FA_SFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, MR, FA_PV_NV, pf, pfn); \
+        switch (nvec - c) {                                                                         \
+        case 1: FA_SFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, MR, 1, pf, pfn); break; \
+        case 2: FA_SFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, MR, 2, pf, pfn); break; \
+        case 3: FA_SFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, MR, 3, pf, pfn); break; \
+        default: break;                                                                             \
+        }                                                                                           \
+        break;
+
+/* O[i][0:nvec*W] += sum_{k in [k0,k1)} P[i][k] * V[k][0:nvec*W] for i < nr, V rows
+ * ldv apart, read in place.  Blocks of up to FA_PV_MR rows through the PV
+ * micro-kernel, so each value vector is loaded once per block of rows, not once
+ * per row (its accumulation order per element is the packed path's); a last
+ * single row through fa_pv_row1.  The first pass over the keys streams the
+ * values from memory and requests whole rows ahead. */
 static inline void FA_SFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, const FA_T *vv, int64_t ldv,
                                       int64_t k0, int64_t k1, FA_T *o, int64_t ldo, int64_t nvec)
 {
-    for (int64_t i = 0; i < nr; i++) {
-        const FA_T *pi = p + i * ldp;
-        FA_T *oi = o + i * ldo;
-        int64_t c = 0;
-        for (; c + 8 <= nvec; c += 8) {
-            const int64_t pf = FA_SFX(fa_pf_rows)(8 * FA_W);
-            FA_V a[8];
-            FA_UNROLL for (int u = 0; u < 8; u++) a[u] = FA_SFX(fa_load)(oi + (c + u) * FA_W);
-            for (int64_t k = k0; k < k1; k++) {
-                const FA_V w = FA_SFX(fa_set1)(pi[k]);
-                const FA_T *vr = vv + k * ldv + c * FA_W;
-                if (i == 0) FA_SFX(fa_prefetch)(vr + pf * ldv, 8 * FA_W);
-                FA_UNROLL for (int u = 0; u < 8; u++) a[u] += w * FA_SFX(fa_load)(vr + u * FA_W);
-            }
-            FA_UNROLL for (int u = 0; u < 8; u++) FA_SFX(fa_store)(oi + (c + u) * FA_W, a[u]);
+    const int64_t pf = FA_SFX(fa_pf_rows)(nvec * FA_W);
+    int64_t i0 = 0;
+    while (nr - i0 >= 2) {
+        const int mr = nr - i0 < FA_PV_MR ? (int)(nr - i0) : FA_PV_MR;
+        const FA_T *pi = p + i0 * ldp;
+        FA_T *oi = o + i0 * ldo;
+        int64_t c, pfn = i0 == 0 ? nvec * FA_W : 0;
+        switch (mr) {
+        FA_PV_MR_CASE(2)
+#if FA_PV_MR >= 3
+        FA_PV_MR_CASE(3)
+#endif
+#if FA_PV_MR >= 4
+        FA_PV_MR_CASE(4)
+#endif
+#if FA_PV_MR >= 5
+        FA_PV_MR_CASE(5)
+#endif
+#if FA_PV_MR >= 6
+        FA_PV_MR_CASE(6)
+#endif
+        default: break;
         }
-        for (; c + 4 <= nvec; c += 4) {
-            const int64_t pf = FA_SFX(fa_pf_rows)(4 * FA_W);
-            FA_V a0 = FA_SFX(fa_load)(oi + c * FA_W), a1 = FA_SFX(fa_load)(oi + (c + 1) * FA_W);
-            FA_V a2 = FA_SFX(fa_load)(oi + (c + 2) * FA_W), a3 = FA_SFX(fa_load)(oi + (c + 3) * FA_W);
-            for (int64_t k = k0; k < k1; k++) {
-                const FA_V w = FA_SFX(fa_set1)(pi[k]);
-                const FA_T *vr = vv + k * ldv + c * FA_W;
-                if (i == 0) FA_SFX(fa_prefetch)(vr + pf * ldv, 4 * FA_W);
-                a0 += w * FA_SFX(fa_load)(vr);
-                a1 += w * FA_SFX(fa_load)(vr + FA_W);
-                a2 += w * FA_SFX(fa_load)(vr + 2 * FA_W);
-                a3 += w * FA_SFX(fa_load)(vr + 3 * FA_W);
-            }
-            FA_SFX(fa_store)(oi + c * FA_W, a0);
-            FA_SFX(fa_store)(oi + (c + 1) * FA_W, a1);
-            FA_SFX(fa_store)(oi + (c + 2) * FA_W, a2);
-            FA_SFX(fa_store)(oi + (c + 3) * FA_W, a3);
-        }
-        for (; c < nvec; c++) {
-            FA_V a0 = FA_SFX(fa_load)(oi + c * FA_W);
-            for (int64_t k = k0; k < k1; k++) a0 += FA_SFX(fa_set1)(pi[k]) * FA_SFX(fa_load)(vv + k * ldv + c * FA_W);
-            FA_SFX(fa_store)(oi + c * FA_W, a0);
-        }
+        i0 += mr;
     }
+    for (; i0 < nr; i0++)
+        FA_SFX(fa_pv_row1)(p + i0 * ldp, vv, ldv, k0, k1, o + i0 * ldo, nvec, i0 == 0);
 }
+#undef FA_PV_MR_CASE
 
 /* ---------------- query-vectorised ("transposed") kernels ----------------
  * St[j][i] = score of key j for query i; Qt[d][i] = scale * q[i][d];
