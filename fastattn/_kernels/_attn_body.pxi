@@ -114,7 +114,7 @@ cdef enum:
     BLOCK_Q = 64         # query rows per work unit (row-major path: decode, few rows, weights)
     BLOCK_QT = 128       # query rows per work unit (query-vectorised path)
     T_MIN_ROWS = 16      # fewer query rows than this: row-major path (see use_t_path)
-    FEW_MAX_ROWS = 12    # units of at most this many rows read keys and values in place (run_unit)
+    FEW_MAX_ROWS = 15    # units of at most this many rows read keys and values in place (run_unit)
     T_RUNS_MAX = 32      # key runs of a chunk's tile (t_runs: <= 22 for FA_T_NV <= 4)
     BLOCK_K = 64         # keys per tile (a multiple of every QK panel width)
     PANEL_MAX = 32       # keys per QK panel, at most (FA_QK_NV vectors of floats)
@@ -709,10 +709,9 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     cdef int v_nonfinite
     # few rows: dot products straight from the key rows and values read in place
     # (no packing), when the rows are contiguous and the values fill whole vectors.
-    # Up to FEW_MAX_ROWS rows; from there on the packed tiles and the
-    # register-blocked kernels win (AVX-512, 8 heads, 4096 keys, D 128, paired
-    # against them: 4 rows 1.41x, 8 rows 1.33x, 12 rows 1.14-1.20x, 13-15 rows
-    # 0.95x)
+    # Up to FEW_MAX_ROWS rows (16 are query-vectorised); paired against the packed
+    # tiles and register-blocked kernels (AVX-512, 8 heads, 4096 keys, D 128):
+    # 4 rows 1.41x, 8 rows 1.33x, 12 rows 1.14-1.20x, 13-14 rows 1.10x, 15 rows 1.0x
     cdef int few = nr <= FEW_MAX_ROWS
     cdef int k_in_place = few and P.k.sc == 1
     cdef int v_in_place = few and P.v.sc == 1 and Dv % W == 0 and Dv > 0
