@@ -198,10 +198,11 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     A query row that sees no key gives output 0, weights 0 and lse -inf.
     """
     if (mask is None and bias is None and window is None and kv_lengths is None and softcap is None
-            and alibi_slopes is None and out is None
+            and alibi_slopes is None
             and return_weights is False and return_lse is False and (causal is False or causal is True)):
-        # the plain call, checked and run in compiled code (None: take the general path)
-        result = _K.attention_fast(q, k, v, scale, causal, num_threads)
+        # the plain call (with or without out=), checked and run in compiled code
+        # (None: take the general path)
+        result = _K.attention_fast(q, k, v, scale, causal, num_threads, out)
         if result is not None:
             return result
     q = _as_array(q, "q")

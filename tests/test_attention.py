@@ -273,6 +273,51 @@ def test_out_non_contiguous_view(rng):
     assert_close(buf.transpose(0, 2, 1), R.attention(q, k, v), np.float64)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_out_plain_call_skips_python_checks(dtype, rng, monkeypatch):
+    """A plain call with out= (a decode loop's preallocated output) runs from the
+    compiled fast path, as the call without out= does: the general path's Python
+    argument handling is never reached -- for C-ordered, transposed and
+    negative-stride outputs, causal or not, with results bit-identical to the call
+    without out=.  Anything the fast path doubts goes to the general path, which
+    raises its errors (overlap with an input, wrong shape, dtype, read-only)."""
+    import fastattn._api as api
+    q, k, v = _make(rng, ((2,), (2,), (2,), 5, 40, 16, 8), dtype)
+    want = fastattn.attention(q, k, v)
+    want_c = fastattn.attention(q, k, v, causal=True)
+
+    def general_path(*a, **kw):
+        raise AssertionError("the general path was taken")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(api, "_as_array", general_path)
+        for out in (np.full((2, 5, 8), np.nan, dtype),
+                    np.zeros((2, 8, 5), dtype).transpose(0, 2, 1),
+                    np.zeros((2, 5, 16), dtype)[:, ::-1, ::2]):
+            assert fastattn.attention(q, k, v, out=out) is out
+            np.testing.assert_array_equal(out, want)
+            assert fastattn.attention(q, k, v, causal=True, out=out, num_threads=1) is out
+            np.testing.assert_array_equal(out, want_c)
+    buf = np.zeros(2 * 5 * 16 + 2 * 40 * 16, dtype)
+    qo = buf[:2 * 5 * 16].reshape(2, 5, 16)
+    qo[...] = q
+    with pytest.raises(ValueError, match="overlaps the input q"):
+        fastattn.attention(qo, k, v, out=qo[..., :8])
+    kv = buf[2 * 5 * 16:].reshape(2, 40, 16)
+    kv[...] = k
+    with pytest.raises(ValueError, match="overlaps the input k"):
+        fastattn.attention(q, kv, v, out=kv[:, ::8, :8])
+    with pytest.raises(ValueError, match="shape"):
+        fastattn.attention(q, k, v, out=np.zeros((2, 5, 9), dtype))
+    with pytest.raises(TypeError, match="dtype"):
+        fastattn.attention(q, k, v, out=np.zeros((2, 5, 8), np.float16))
+    ro = np.zeros((2, 5, 8), dtype)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        fastattn.attention(q, k, v, out=ro)
+    np.testing.assert_array_equal(ro, 0)
+
+
 # ------------------------------------------------------------------ torch
 def _torch_sdpa(torch, q, k, v, **kw):
     t = [torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k, v)]

@@ -1650,15 +1650,44 @@ cdef inline bint plain_operand(cnp.ndarray a, int typenum) noexcept:
     return True
 
 
-def attention_fast(q, k, v, scale, bint causal, num_threads):
-    """The plain call ``attention(q, k, v[, scale=, causal=])`` without Python overhead.
+cdef inline void byte_extent(cnp.ndarray a, char **lo, char **hi) noexcept:
+    """[lo, hi): the bytes a's elements span (nonempty a)."""
+    cdef int d
+    cdef char *l = <char *>cnp.PyArray_DATA(a)
+    cdef char *h = l + cnp.PyArray_ITEMSIZE(a)
+    for d in range(a.ndim):
+        if a.strides[d] < 0:
+            l += (a.shape[d] - 1) * a.strides[d]
+        else:
+            h += (a.shape[d] - 1) * a.strides[d]
+    lo[0] = l
+    hi[0] = h
+
+
+cdef bint may_overlap(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """np.may_share_memory(a, b): do the byte extents intersect?"""
+    cdef char *alo
+    cdef char *ahi
+    cdef char *blo
+    cdef char *bhi
+    if cnp.PyArray_SIZE(a) == 0 or cnp.PyArray_SIZE(b) == 0:
+        return False
+    byte_extent(a, &alo, &ahi)
+    byte_extent(b, &blo, &bhi)
+    return alo < bhi and blo < ahi
+
+
+def attention_fast(q, k, v, scale, bint causal, num_threads, out=None):
+    """The plain call ``attention(q, k, v[, scale=, causal=, out=])`` without Python overhead.
 
     Taken when q, k, v are ndarrays of one native float dtype with identical batch
-    dims (no broadcasting, no grouped heads) and a valid shape.  Returns None for
-    anything else, and the caller takes the general path, which also produces the
-    errors.  Small problems run on the calling thread and never ask for a thread
-    count; larger ones ask fastattn._threads (which honours num_threads)."""
-    cdef cnp.ndarray qa, ka, va, out
+    dims (no broadcasting, no grouped heads) and a valid shape, and out (if given)
+    is a writeable, aligned array of that dtype and the output's shape that does not
+    overlap them.  Returns None for anything else, and the caller takes the general
+    path, which also produces the errors.  Small problems run on the calling thread
+    and never ask for a thread count; larger ones ask fastattn._threads (which
+    honours num_threads)."""
+    cdef cnp.ndarray qa, ka, va, oa, res
     cdef int nd, d, typenum
     cdef Plan P
     cdef cnp.npy_intp dims[64]
@@ -1693,17 +1722,36 @@ def attention_fast(q, k, v, scale, bint causal, num_threads):
     for d in range(nd - 1):
         dims[d] = qa.shape[d]
     dims[nd - 1] = va.shape[nd - 1]
-    out = cnp.PyArray_EMPTY(nd, dims, typenum, 0)
+    if out is None:
+        res = cnp.PyArray_EMPTY(nd, dims, typenum, 0)
+    else:
+        # a preallocated output (a decode loop's): the same checks as the general
+        # path's, which raises the errors; here any doubt means None
+        if type(out) is not cnp.ndarray:
+            return None
+        oa = out
+        if oa.ndim != nd or not plain_operand(oa, typenum) or not cnp.PyArray_ISWRITEABLE(oa):
+            return None
+        for d in range(nd):
+            if oa.shape[d] != dims[d]:
+                return None
+        if cnp.PyArray_SIZE(oa) > 0:
+            for d in range(nd):
+                if oa.strides[d] == 0 and oa.shape[d] > 1:
+                    return None
+        if may_overlap(oa, qa) or may_overlap(oa, ka) or may_overlap(oa, va):
+            return None
+        res = oa
 
     P.nb = nd - 2
     for d in range(P.nb):
         P.bshape[d] = qa.shape[d]
-    plan_init(&P, qa, ka, va, out, 1, sc, CAUSAL_TOP_LEFT if causal else CAUSAL_NONE, -1, -1, 0)
+    plan_init(&P, qa, ka, va, res, 1, sc, CAUSAL_TOP_LEFT if causal else CAUSAL_NONE, -1, -1, 0)
     if plan_work(&P) > PARALLEL_MIN_WORK:
         # the resolver also records that this thread may own an OpenMP pool (fork safety)
         nthreads = _thread_resolver(num_threads)
     plan_execute(&P, typenum, nthreads)
-    return out
+    return res
 
 
 # ---------------------------------------------------------------- softmax
