@@ -695,11 +695,12 @@ FA_SFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t
 
 /* S[i][j] = qp[i] . k[j] for i < nr, j < n; key rows contiguous, ksr apart.
  * Blocks of up to FA_QKR_MAX rows, each in one pass over the keys per group of
- * keys (fa_qk_pass) with its row count rounded up to a power of two: qp must
- * hold zeros (or any finite numbers) up to nr rounded up to FA_QKR_MAX rows.
- * Replaces one dot product and horizontal sum per row and key (the horizontal
- * sums' latency chains made it 4-6x slower than the FMAs allow): 1.2-1.4x
- * faster on 2-12 rows, paired, keys from memory or from cache. */
+ * keys (fa_qk_pass) with its row count rounded up to a power of two (5-6 rows
+ * as 4 + 1 or 4 + 2): qp must hold zeros (or any finite numbers) up to nr
+ * rounded up to FA_QKR_MAX rows.  Replaces one dot product and horizontal sum
+ * per row and key (the horizontal sums' latency chains made it 4-6x slower
+ * than the FMAs allow): 1.1-1.4x faster on 2-14 rows, paired, keys from memory
+ * or from cache. */
 static inline void FA_SFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, int64_t D,
                                       const FA_T *k, int64_t ksr, int64_t n, FA_T *s, int64_t lds)
 {
@@ -728,8 +729,8 @@ static inline void FA_SFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, i
             else
                 FA_SFX(fa_qk_rows_r)(q + 4 * ldq, ldq, FA_QKR_MAX == 8 ? 2 : 1, 2, D, k, ksr, n, si + 4 * lds, lds, 0);
         } else {
-            /* otherwise one block padded to a power of two (3 rows as 2 + 1, or 7
-             * as 4 + 2 + 1, measured 0.93x and 1.0x) */
+            /* otherwise one block padded to a power of two (measured against
+             * splitting: 3 rows as 2 + 1 0.93x, 7 rows as 4 + 2 + 1 1.0x) */
             const int R = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
             if (R == 1)
                 FA_SFX(fa_qk_rows_r)(q, ldq, 1, rows, D, k, ksr, n, si, lds, stream);
