@@ -694,9 +694,9 @@ def test_few_rows_in_place(D, Dv, Lk, dtype, rng):
     """Units of 2-15 query rows read keys and values in place: the scores of blocks
     of up to 8 rows (4 + 1 or 4 + 2, or padded to a power of two) come from one
     pass over a group of keys and a transpose-and-add tree, the P.V update from
-    row blocks that load each value vector once.  Every row count, key counts that leave a partial group, head
-    sizes that leave a partial vector, grouped heads, causal and key lengths:
-    against the reference.  A row's scores must not depend on how many rows share
+    row blocks that load each value vector once.  Every row count, key counts
+    that leave a partial group, head sizes that leave a partial vector, grouped
+    heads, causal and key lengths: against the reference.  A row's scores must not depend on how many rows share
     its unit (padding rows, group width), so any leading subset of the rows gives
     bit-identical rows, and so do 1 and 2 threads."""
     q = randn(rng, (2, 2, 15, D), dtype)

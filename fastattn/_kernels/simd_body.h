@@ -551,20 +551,31 @@ FA_SFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp
             if (i < mr && v < nv) FA_SFX(fa_store)(o + i * ldo + v * FA_W, acc[i][v]);
 }
 
+/* O[0:mr, 0:nvec*W] += P[0:mr, k0:k1] . V[k0:k1, 0:nvec*W] (mr a compile-time
+ * constant after inlining), in column chunks of FA_PV_NV vectors and one chunk
+ * of the rest.  pfn > 0: the first chunk requests the value rows pf ahead. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_cols)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp, int64_t ldv,
+                   int64_t k0, int64_t k1, FA_T *restrict o, int64_t ldo, int64_t nvec, const int mr,
+                   int64_t pf, int64_t pfn)
+{
+    int64_t c = 0;
+    for (; c + FA_PV_NV <= nvec; c += FA_PV_NV, pfn = 0)
+        FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, FA_PV_NV, pf, pfn);
+    switch (nvec - c) {
+    case 1: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 1, pf, pfn); break;
+    case 2: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 2, pf, pfn); break;
+    case 3: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 3, pf, pfn); break;
+    default: break;
+    }
+}
+
 /* O[0:MR, 0:nvec*W] += P[0:MR, k0:k1] . V[k0:k1, 0:nvec*W], in column chunks. */
 static inline void FA_SFX(fa_pv_block)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp,
                                        int64_t ldv, int64_t k0, int64_t k1, FA_T *restrict o,
                                        int64_t ldo, int64_t nvec)
 {
-    int64_t c = 0;
-    for (; c + FA_PV_NV <= nvec; c += FA_PV_NV)
-        FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, FA_PV_MR, FA_PV_NV, 0, 0);
-    switch (nvec - c) {
-    case 1: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, FA_PV_MR, 1, 0, 0); break;
-    case 2: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, FA_PV_MR, 2, 0, 0); break;
-    case 3: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, FA_PV_MR, 3, 0, 0); break;
-    default: break;
-    }
+    FA_SFX(fa_pv_cols)(p, ldp, vp, ldv, k0, k1, o, ldo, nvec, FA_PV_MR, 0, 0);
 }
 
 /* ---------------- few query rows (decode) ----------------
@@ -693,6 +704,23 @@ FA_SFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t
 }
 #endif
 
+#if FA_HAVE_SHUFFLE
+/* One block of rows (<= FA_QKR_MAX) in one pass per group of keys, its row count
+ * padded to a power of two. */
+static inline void FA_SFX(fa_qk_rows_pad)(const FA_T *q, int64_t ldq, int rows, int64_t D, const FA_T *k,
+                                          int64_t ksr, int64_t n, FA_T *s, int64_t lds, int stream)
+{
+    if (rows <= 1)
+        FA_SFX(fa_qk_rows_r)(q, ldq, 1, rows, D, k, ksr, n, s, lds, stream);
+    else if (rows <= 2 || FA_QKR_MAX < 4)
+        FA_SFX(fa_qk_rows_r)(q, ldq, 2, rows, D, k, ksr, n, s, lds, stream);
+    else if (rows <= 4 || FA_QKR_MAX < 8)
+        FA_SFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 4 ? 4 : 2, rows, D, k, ksr, n, s, lds, stream);
+    else
+        FA_SFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 8 ? 8 : 2, rows, D, k, ksr, n, s, lds, stream);
+}
+#endif
+
 /* S[i][j] = qp[i] . k[j] for i < nr, j < n; key rows contiguous, ksr apart.
  * Blocks of up to FA_QKR_MAX rows, each in one pass over the keys per group of
  * keys (fa_qk_pass) with its row count rounded up to a power of two (5-6 rows
@@ -704,46 +732,35 @@ FA_SFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t
 static inline void FA_SFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, int64_t D,
                                       const FA_T *k, int64_t ksr, int64_t n, FA_T *s, int64_t lds)
 {
+    const int64_t pf = FA_SFX(fa_pf_rows)(D);
 #if FA_HAVE_SHUFFLE
+    if (nr == 1) {
+        /* a unit of a single row: key by key, one sequential stream (the decode
+         * cases, bound by memory: 5-7 % faster than fa_qk_pass's group order).
+         * Only for a unit of one row: a row's scores are otherwise the same for
+         * any number of rows in the unit */
+        for (int64_t j = 0; j < n; j++) {
+            FA_SFX(fa_prefetch)(k + (j + pf) * ksr, D);
+            s[j] = FA_SFX(fa_dot)(qp, k + j * ksr, D);
+        }
+        return;
+    }
     for (int64_t i0 = 0; i0 < nr; i0 += FA_QKR_MAX) {
         const int rows = nr - i0 < FA_QKR_MAX ? (int)(nr - i0) : FA_QKR_MAX;
         const FA_T *q = qp + i0 * ldq;
         FA_T *si = s + i0 * lds;
         const int stream = i0 == 0;
-        if (nr == 1) {
-            /* a single row: key by key, one sequential stream (the decode cases,
-             * bound by memory: 5-7 % faster than fa_qk_pass's group order).  Only
-             * for a unit of one row: a row's scores are otherwise the same for any
-             * number of rows in the unit */
-            const int64_t pf = FA_SFX(fa_pf_rows)(D);
-            for (int64_t j = 0; j < n; j++) {
-                if (stream) FA_SFX(fa_prefetch)(k + (j + pf) * ksr, D);
-                si[j] = FA_SFX(fa_dot)(q, k + j * ksr, D);
-            }
-        } else if (rows > 4 && rows < 7 && FA_QKR_MAX == 8) {
-            /* 5 or 6 rows: a block of 4 and one of 1 or 2 (paired, 1.05-1.08x
-             * faster than one block of 8 with 2-3 padding rows) */
-            FA_SFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX == 8 ? 4 : 1, 4, D, k, ksr, n, si, lds, stream);
-            if (rows == 5)
-                FA_SFX(fa_qk_rows_r)(q + 4 * ldq, ldq, 1, 1, D, k, ksr, n, si + 4 * lds, lds, 0);
-            else
-                FA_SFX(fa_qk_rows_r)(q + 4 * ldq, ldq, FA_QKR_MAX == 8 ? 2 : 1, 2, D, k, ksr, n, si + 4 * lds, lds, 0);
+        if (FA_QKR_MAX == 8 && (rows == 5 || rows == 6)) {
+            /* a block of 4 and one of 1 or 2 (paired, 1.05-1.08x faster than one
+             * block of 8 with 2-3 padding rows; splitting 3 rows as 2 + 1
+             * measured 0.93x, 7 rows as 4 + 2 + 1 1.0x) */
+            FA_SFX(fa_qk_rows_pad)(q, ldq, 4, D, k, ksr, n, si, lds, stream);
+            FA_SFX(fa_qk_rows_pad)(q + 4 * ldq, ldq, rows - 4, D, k, ksr, n, si + 4 * lds, lds, 0);
         } else {
-            /* otherwise one block padded to a power of two (measured against
-             * splitting: 3 rows as 2 + 1 0.93x, 7 rows as 4 + 2 + 1 1.0x) */
-            const int R = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
-            if (R == 1)
-                FA_SFX(fa_qk_rows_r)(q, ldq, 1, rows, D, k, ksr, n, si, lds, stream);
-            else if (R == 2 || FA_QKR_MAX < 4)
-                FA_SFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 2 ? 2 : 1, rows, D, k, ksr, n, si, lds, stream);
-            else if (R == 4 || FA_QKR_MAX < 8)
-                FA_SFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 4 ? 4 : 1, rows, D, k, ksr, n, si, lds, stream);
-            else
-                FA_SFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 8 ? 8 : 1, rows, D, k, ksr, n, si, lds, stream);
+            FA_SFX(fa_qk_rows_pad)(q, ldq, rows, D, k, ksr, n, si, lds, stream);
         }
     }
 #else
-    const int64_t pf = FA_SFX(fa_pf_rows)(D);
     for (int64_t j = 0; j < n; j++) {
         FA_SFX(fa_prefetch)(k + (j + pf) * ksr, D);
         for (int64_t i = 0; i < nr; i++) s[i * lds + j] = FA_SFX(fa_dot)(qp + i * ldq, k + j * ksr, D);
@@ -795,18 +812,6 @@ static inline void FA_SFX(fa_pv_row1)(const FA_T *p, const FA_T *vv, int64_t ldv
     }
 }
 
-#define FA_PV_MR_CASE(MR)                                                                           \
-    case MR:                                                                                        \
-        for (c = 0; c + FA_PV_NV <= nvec; c += FA_PV_NV, pfn = 0)                                   \
-            FA_SFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, MR, FA_PV_NV, pf, pfn); \
-        switch (nvec - c) {                                                                         \
-        case 1: FA_SFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, MR, 1, pf, pfn); break; \
-        case 2: FA_SFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, MR, 2, pf, pfn); break; \
-        case 3: FA_SFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, MR, 3, pf, pfn); break; \
-        default: break;                                                                             \
-        }                                                                                           \
-        break;
-
 /* O[i][0:nvec*W] += sum_{k in [k0,k1)} P[i][k] * V[k][0:nvec*W] for i < nr, V rows
  * ldv apart, read in place.  Blocks of up to FA_PV_MR rows through the PV
  * micro-kernel, so each value vector is loaded once per block of rows, not once
@@ -822,29 +827,31 @@ static inline void FA_SFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, co
         const int mr = nr - i0 < FA_PV_MR ? (int)(nr - i0) : FA_PV_MR;
         const FA_T *pi = p + i0 * ldp;
         FA_T *oi = o + i0 * ldo;
-        int64_t c, pfn = i0 == 0 ? nvec * FA_W : 0;
+        const int64_t pfn = i0 == 0 ? nvec * FA_W : 0;
+#define FA_PV_ROWS_CASE(MR) \
+        case MR: FA_SFX(fa_pv_cols)(pi, ldp, vv, ldv, k0, k1, oi, ldo, nvec, MR, pf, pfn); break;
         switch (mr) {
-        FA_PV_MR_CASE(2)
+        FA_PV_ROWS_CASE(2)
 #if FA_PV_MR >= 3
-        FA_PV_MR_CASE(3)
+        FA_PV_ROWS_CASE(3)
 #endif
 #if FA_PV_MR >= 4
-        FA_PV_MR_CASE(4)
+        FA_PV_ROWS_CASE(4)
 #endif
 #if FA_PV_MR >= 5
-        FA_PV_MR_CASE(5)
+        FA_PV_ROWS_CASE(5)
 #endif
 #if FA_PV_MR >= 6
-        FA_PV_MR_CASE(6)
+        FA_PV_ROWS_CASE(6)
 #endif
         default: break;
         }
+#undef FA_PV_ROWS_CASE
         i0 += mr;
     }
     for (; i0 < nr; i0++)
         FA_SFX(fa_pv_row1)(p + i0 * ldp, vv, ldv, k0, k1, o + i0 * ldo, nvec, i0 == 0);
 }
-#undef FA_PV_MR_CASE
 
 /* ---------------- query-vectorised ("transposed") kernels ----------------
  * St[j][i] = score of key j for query i; Qt[d][i] = scale * q[i][d];
