@@ -182,7 +182,7 @@ cdef int fill_operand(Operand *op, cnp.ndarray a, int trailing, const Plan *P, i
     query-head axis of size hq = g * bshape[-1] when GQA folds heads into rows."""
     cdef int nd = a.ndim
     cdef int nbd = nd - trailing
-    cdef int64_t item = a.itemsize
+    cdef int64_t item = cnp.PyArray_ITEMSIZE(a)
     cdef int d, pd
     cdef int64_t size, stride
     op.base = <char *>cnp.PyArray_DATA(a)
@@ -1645,7 +1645,7 @@ cdef inline bint plain_operand(cnp.ndarray a, int typenum) noexcept:
     if cnp.PyArray_TYPE(a) != typenum or not cnp.PyArray_ISBEHAVED_RO(a):
         return False
     for d in range(a.ndim):
-        if a.strides[d] % a.itemsize:
+        if a.strides[d] % cnp.PyArray_ITEMSIZE(a):
             return False
     return True
 
@@ -1896,7 +1896,7 @@ def softmax_cols_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthr
     """Softmax along axis 1 of 3-D x (outer, n, inner) into out of the same shape
     and dtype (float32/float64); both need element stride 1 along the last axis
     and item-multiple strides.  Lanes run over the last (contiguous) axis."""
-    cdef int64_t item = x.itemsize
+    cdef int64_t item = cnp.PyArray_ITEMSIZE(x)
     if x.ndim == 3 and x.size == 0:
         return out          # (an empty array's strides may be anything)
     if x.ndim != 3 or out.ndim != 3 or x.strides[2] != item or out.strides[2] != item:
@@ -1905,7 +1905,7 @@ def softmax_cols_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthr
         raise ValueError("softmax_cols_forward: strides must be multiples of the item size")
     if x.shape[2] < SOFTMAX_COL_MIN:
         raise ValueError(f"softmax_cols_forward: the last axis needs at least {SOFTMAX_COL_MIN} elements")
-    if x.dtype.num == cnp.NPY_FLOAT:
+    if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT:
         softmax_cols_run(<const float *>cnp.PyArray_DATA(x), x.strides[0] // item, x.strides[1] // item,
                          <float *>cnp.PyArray_DATA(out), out.strides[0] // item, out.strides[1] // item,
                          x.shape[0], x.shape[1], x.shape[2], log_mode, nthreads)
@@ -1935,7 +1935,7 @@ def softmax_fast(x, bint log_mode, num_threads):
         return None
     if not plain_operand(xa, typenum):
         return None
-    if xa.shape[xa.ndim - 1] > 1 and xa.strides[xa.ndim - 1] != xa.itemsize:
+    if xa.shape[xa.ndim - 1] > 1 and xa.strides[xa.ndim - 1] != cnp.PyArray_ITEMSIZE(xa):
         return None     # strided rows: the general path picks a layout-aware kernel
     out = cnp.PyArray_EMPTY(xa.ndim, xa.shape, typenum, 0)
     if cnp.PyArray_SIZE(xa) > SOFTMAX_PARALLEL_MIN:
@@ -1964,7 +1964,7 @@ def softmax_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthreads)
     P.o.sc = P.o.sr
     if P.nbatch == 0:
         return out
-    if x.dtype.num == cnp.NPY_FLOAT:
+    if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT:
         softmax_run(&P, <float>0, n, log_mode, nthreads)
     else:
         softmax_run(&P, <double>0, n, log_mode, nthreads)
