@@ -54,12 +54,34 @@ def _to_compute(a, dtype):
     return a
 
 
+def _broadcast_shape(shapes):
+    """np.broadcast_shapes of tuples of ints, or None where they do not broadcast.
+
+    In Python: np.broadcast_shapes builds broadcast objects and costs ~5 us a
+    call, more than a small attention call's kernel."""
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return tuple(first)
+    nd = max(len(s) for s in shapes)
+    out = [1] * nd
+    for s in shapes:
+        off = nd - len(s)
+        for i, n in enumerate(s):
+            m = out[off + i]
+            if n != m:
+                if m == 1:
+                    out[off + i] = n
+                elif n != 1:
+                    return None
+    return tuple(out)
+
+
 def _broadcast(shapes, names):
-    try:
-        return np.broadcast_shapes(*shapes)
-    except ValueError:
+    shape = _broadcast_shape(shapes)
+    if shape is None:
         desc = ", ".join(f"{n} {s}" for n, s in zip(names, shapes))
-        raise ValueError(f"batch dimensions do not broadcast: {desc}") from None
+        raise ValueError(f"batch dimensions do not broadcast: {desc}")
+    return shape
 
 
 def _check_out(out, shape, dtype, inputs, name="out"):
@@ -128,23 +150,20 @@ def _parse_causal(causal):
 
 def _batch_table(values, name, bshape_q, nbatch_g, dtype):
     """A contiguous (prod(bshape_q),) table of a per-(batch, head) option."""
-    try:
-        t = np.broadcast_to(values, bshape_q)
-    except ValueError:
-        raise ValueError(f"{name} with shape {np.shape(values)} does not broadcast to the "
-                         f"batch dimensions {tuple(bshape_q)}") from None
-    t = np.ascontiguousarray(t, dtype=dtype).reshape(-1)
+    vshape = np.shape(values)
+    if len(vshape) > len(bshape_q) or _broadcast_shape((vshape, bshape_q)) != tuple(bshape_q):
+        raise ValueError(f"{name} with shape {vshape} does not broadcast to the "
+                         f"batch dimensions {tuple(bshape_q)}")
+    t = np.empty(bshape_q, dtype=dtype)
+    t[...] = values         # (np.broadcast_to + a copy cost ~7 us more)
+    t = t.reshape(-1)
     assert t.size == nbatch_g
     return t
 
 
 def _score_operand(x, name, full_shape):
     """mask / bias: must broadcast to (..., Lq, Lk); returned with >= 2 dims."""
-    try:
-        ok = x.ndim <= len(full_shape) and np.broadcast_shapes(x.shape, full_shape) == tuple(full_shape)
-    except ValueError:
-        ok = False
-    if not ok:
+    if x.ndim > len(full_shape) or _broadcast_shape((x.shape, tuple(full_shape))) != tuple(full_shape):
         raise ValueError(f"{name} with shape {x.shape} does not broadcast to the score shape "
                          f"{tuple(full_shape)}")
     if x.ndim < 2:
@@ -197,12 +216,11 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     out, or the tuple (out, weights, lse) with only the parts asked for.
     A query row that sees no key gives output 0, weights 0 and lse -inf.
     """
-    if (mask is None and bias is None and window is None and kv_lengths is None and softcap is None
-            and alibi_slopes is None
-            and return_weights is False and return_lse is False and (causal is False or causal is True)):
-        # the plain call (with or without out=), checked and run in compiled code
-        # (None: take the general path)
-        result = _K.attention_fast(q, k, v, scale, causal, num_threads, out)
+    if (mask is None and bias is None and kv_lengths is None and alibi_slopes is None
+            and return_weights is False):
+        # the usual call (options scale, causal, window, softcap, return_lse, out and
+        # grouped heads), checked and run in compiled code (None: the general path)
+        result = _K.attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out)
         if result is not None:
             return result
     q = _as_array(q, "q")

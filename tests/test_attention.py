@@ -318,6 +318,87 @@ def test_out_plain_call_skips_python_checks(dtype, rng, monkeypatch):
     np.testing.assert_array_equal(ro, 0)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
+    """The options a decode loop passes (causal in every spelling, window, softcap,
+    return_lse, out=, grouped heads) run from the compiled fast path without
+    reaching the general path's Python argument handling, with results and lse
+    bit-identical to the general path's (forced by switching the fast path off),
+    and within tolerance of the float64 reference.  Spellings the fast path does
+    not take (numpy scalars, ints for floats, invalid values) still reach the
+    general path: the same results, the same errors."""
+    import fastattn._api as api
+    shapes = [((2, 6), (2, 6), 5, 40), ((2, 6), (2, 2), 5, 40), ((6,), (3,), 40, 9), ((1, 4), (1, 2), 1, 33)]
+    options = [dict(causal=None), dict(causal=True), dict(causal="top_left"),
+               dict(causal="bottom_right"), dict(window=3), dict(window=(2, None)),
+               dict(window=[None, 1], causal="bottom_right"), dict(window=(0, 0)),
+               dict(softcap=5.0), dict(return_lse=True), dict(return_lse=False, scale=0.3),
+               dict(causal="bottom_right", window=(4, 0), softcap=2.5, return_lse=True)]
+
+    def general_path(*a, **kw):
+        raise AssertionError("the general path was taken")
+
+    fast = api._K.attention_fast
+    for qb, kb, Lq, Lk in shapes:
+        q = randn(rng, qb + (Lq, 16), dtype)
+        k = randn(rng, kb + (Lk, 16), dtype)
+        v = randn(rng, kb + (Lk, 8), dtype)
+        for opts in options:
+            with monkeypatch.context() as mp:
+                mp.setattr(api._K, "attention_fast", lambda *a: None)
+                want = fastattn.attention(q, k, v, **opts)
+            with monkeypatch.context() as mp:
+                mp.setattr(api, "_as_array", general_path)
+                got = fastattn.attention(q, k, v, **opts)
+                out = np.full(qb + (Lq, 8), np.nan, dtype)
+                got_out = fastattn.attention(q, k, v, out=out, num_threads=1, **opts)
+            if opts.get("return_lse"):
+                assert got_out[0] is out and got[1].shape == q.shape[:-1] and got[1].dtype == dtype
+                np.testing.assert_array_equal(got[1], want[1])
+                np.testing.assert_array_equal(got_out[1], want[1])
+                got, got_out, want = got[0], got_out[0], want[0]
+            else:
+                assert got_out is out
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(got_out, want)
+            ref_opts = {n: o for n, o in opts.items() if n != "return_lse"}
+            assert_close(got, R.attention(q, k, v, **ref_opts), dtype)
+    # not the fast path's spellings: the general path, the same answers and errors
+    q = randn(rng, (2, 6, 5, 16), dtype)
+    k = randn(rng, (2, 2, 40, 16), dtype)
+    v = randn(rng, (2, 2, 40, 8), dtype)
+    calls = 0
+
+    def counting(*a):
+        nonlocal calls
+        calls += 1
+        return fast(*a)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(api._K, "attention_fast", counting)
+        want = fastattn.attention(q, k, v, causal="bottom_right", softcap=2.0, window=3)
+        for kw in (dict(causal=np.True_), dict(softcap=2), dict(window=np.int64(3)), dict(scale=1)):
+            fastattn.attention(q, k, v, **kw)
+        np.testing.assert_array_equal(
+            fastattn.attention(q, k, v, causal="bottom_right", softcap=np.float64(2.0), window=(3, 3)), want)
+        lse = fastattn.attention(q, k, v, return_lse=1)
+        assert isinstance(lse, tuple) and len(lse) == 2
+        np.testing.assert_array_equal(fastattn.attention(q, k[:, :1], v[:, :1]),
+                                      fastattn.attention(q, np.repeat(k[:, :1], 6, axis=1),
+                                                         np.repeat(v[:, :1], 6, axis=1)))
+        for kw, err, match in ((dict(window=(1, 2, 3)), TypeError, "window"),
+                               (dict(window=-1), ValueError, "window"),
+                               (dict(window=True), TypeError, "window"),
+                               (dict(softcap=-1.0), ValueError, "softcap"),
+                               (dict(softcap=float("inf")), ValueError, "softcap"),
+                               (dict(causal="top-left"), ValueError, "causal"),
+                               (dict(scale=float("nan")), ValueError, "scale")):
+            with pytest.raises(err, match=match):
+                fastattn.attention(q, k, v, **kw)
+        with pytest.raises(ValueError, match="broadcast"):
+            fastattn.attention(q, k[:, :1].repeat(4, axis=1), v[:, :1].repeat(4, axis=1))
+    assert calls > 10
+
 # ------------------------------------------------------------------ torch
 def _torch_sdpa(torch, q, k, v, **kw):
     t = [torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k, v)]

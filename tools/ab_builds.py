@@ -1,7 +1,8 @@
 """Paired A/B of two fastattn builds in ONE process, for kernel changes of a few percent.
 
     python tools/ab_builds.py OLD_TREE NEW_TREE [--cases prefill,long,...] [--reps 30]
-    (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask])
+    (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask],
+    or calls:OPT[+OPT...]: 1000 small decode steps with options, e.g. calls:br+kvlen+lse)
 
 OLD_TREE and NEW_TREE are source trees with in-place builds (``python setup.py
 build_ext --inplace``), e.g. a ``git worktree`` of the base commit and this checkout.
@@ -101,8 +102,30 @@ def make_case(case, rng):
         q = rng.standard_normal((B, Hq, Lq, D)).astype(dt)
         k, v = (rng.standard_normal((B, Hkv, Lk, D)).astype(dt) for _ in range(2))
         return lambda M: M.attention(q, k, v, causal=causal, return_weights=weights, mask=mask)
+    if case.startswith("calls:"):
+        # calls:OPT[+OPT...] -- 1000 small decode steps (8 query heads, 1 row, 16 keys,
+        # D 64): the per-call cost of the argument handling for these options
+        opts = case[6:].split("+")
+        q = rng.standard_normal((1, 8, 1, 64), dtype=np.float32)
+        hkv = 2 if "gqa" in opts else 8
+        k, v = (rng.standard_normal((1, hkv, 16, 64), dtype=np.float32) for _ in range(2))
+        known = {"plain": {}, "gqa": {}, "br": {"causal": "bottom_right"},
+                 "kvlen": {"kv_lengths": np.array([12])}, "lse": {"return_lse": True},
+                 "window": {"window": (8, 0)}, "softcap": {"softcap": 30.0},
+                 "alibi": {"alibi_slopes": np.linspace(0.1, 1, 8)},
+                 "out": {"out": np.empty((1, 8, 1, 64), np.float32)}}
+        kw = {}
+        for o in opts:
+            if o not in known:
+                sys.exit(f"calls: unknown option {o!r}; known: {', '.join(known)}")
+            kw.update(known[o])
+
+        def calls(M):
+            for _ in range(1000):
+                M.attention(q, k, v, **kw)
+        return calls
     sys.exit(f"unknown case {case!r}; known: {', '.join(list(CASES) + OTHER)}, "
-             "or attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask]")
+             "attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask], or calls:OPT[+OPT...]")
 
 
 def main(argv=None):

@@ -1677,24 +1677,68 @@ cdef bint may_overlap(cnp.ndarray a, cnp.ndarray b) noexcept:
     return alo < bhi and blo < ahi
 
 
-def attention_fast(q, k, v, scale, bint causal, num_threads, out=None):
-    """The plain call ``attention(q, k, v[, scale=, causal=, out=])`` without Python overhead.
+cdef inline bint fast_window_side(w, Py_ssize_t *side):
+    """One side of window= as the general path reads it (None or an int >= 0, not
+    a bool); False for anything else, which the general path checks."""
+    if w is None:
+        side[0] = -1
+        return True
+    if type(w) is not int or not 0 <= w <= 0x3fffffffffffffff:
+        return False
+    side[0] = w
+    return True
+
+
+def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out):
+    """``attention(q, k, v, ...)`` without Python overhead, for the options a decode
+    loop passes: scale, causal, window, softcap, return_lse, out, grouped heads.
 
     Taken when q, k, v are ndarrays of one native float dtype with identical batch
-    dims (no broadcasting, no grouped heads) and a valid shape, and out (if given)
-    is a writeable, aligned array of that dtype and the output's shape that does not
-    overlap them.  Returns None for anything else, and the caller takes the general
-    path, which also produces the errors.  Small problems run on the calling thread
-    and never ask for a thread count; larger ones ask fastattn._threads (which
-    honours num_threads)."""
-    cdef cnp.ndarray qa, ka, va, oa, res
-    cdef int nd, d, typenum
+    dims (k and v may have fewer heads than q, a divisor of them: grouped-query
+    attention), scale and softcap are Python floats (or None), causal is False,
+    None, True, "top_left" or "bottom_right", window None, an int or a pair of ints
+    or None, return_lse a bool, and out (if given) a writeable, aligned array of
+    that dtype and the output's shape that does not overlap q, k or v.  Returns
+    None for anything else, and the caller takes the general path, which also
+    produces the errors.  Small problems run on the calling thread and never ask
+    for a thread count; larger ones ask fastattn._threads (which honours
+    num_threads)."""
+    cdef cnp.ndarray qa, ka, va, oa, res, lse = None
+    cdef int nd, d, typenum, code
     cdef Plan P
     cdef cnp.npy_intp dims[64]
-    cdef double sc
+    cdef double sc, cap = 0.0
+    cdef Py_ssize_t wl = -1, wr = -1
+    cdef int64_t g = 1, hq
     cdef int nthreads = 1
     if num_threads is not None and (type(num_threads) is not int or not 1 <= num_threads <= 0x7fffffff):
         return None
+    if return_lse is not False and return_lse is not True:
+        return None
+    if causal is False or causal is None:
+        code = CAUSAL_NONE
+    elif causal is True:
+        code = CAUSAL_TOP_LEFT
+    elif type(causal) is str and causal == "top_left":
+        code = CAUSAL_TOP_LEFT
+    elif type(causal) is str and causal == "bottom_right":
+        code = CAUSAL_BOTTOM_RIGHT
+    else:
+        return None
+    if window is not None:
+        if type(window) is tuple or type(window) is list:
+            if len(window) != 2 or not (fast_window_side(window[0], &wl) and fast_window_side(window[1], &wr)):
+                return None
+        elif fast_window_side(window, &wl):
+            wr = wl
+        else:
+            return None
+    if softcap is not None:
+        if type(softcap) is not float:
+            return None
+        cap = softcap
+        if not (isfinite(cap) and cap > 0):
+            return None
     if type(q) is not cnp.ndarray or type(k) is not cnp.ndarray or type(v) is not cnp.ndarray:
         return None
     qa, ka, va = q, k, v
@@ -1707,8 +1751,14 @@ def attention_fast(q, k, v, scale, bint causal, num_threads, out=None):
     if not (plain_operand(qa, typenum) and plain_operand(ka, typenum) and plain_operand(va, typenum)):
         return None
     for d in range(nd - 2):
-        if ka.shape[d] != qa.shape[d] or va.shape[d] != qa.shape[d]:
+        if va.shape[d] != ka.shape[d]:
             return None
+        if ka.shape[d] != qa.shape[d]:
+            # grouped heads: the head axis (-3) of k and v divides q's (the general
+            # path's rule; one key head is broadcasting, left to it)
+            if d != nd - 3 or ka.shape[d] <= 1 or qa.shape[d] % ka.shape[d]:
+                return None
+            g = qa.shape[d] // ka.shape[d]
     if ka.shape[nd - 1] != qa.shape[nd - 1] or va.shape[nd - 2] != ka.shape[nd - 2]:
         return None
     if scale is None:
@@ -1742,15 +1792,23 @@ def attention_fast(q, k, v, scale, bint causal, num_threads, out=None):
         if may_overlap(oa, qa) or may_overlap(oa, ka) or may_overlap(oa, va):
             return None
         res = oa
+    if return_lse:
+        lse = cnp.PyArray_EMPTY(nd - 1, qa.shape, typenum, 0)
 
     P.nb = nd - 2
     for d in range(P.nb):
-        P.bshape[d] = qa.shape[d]
-    plan_init(&P, qa, ka, va, res, 1, sc, CAUSAL_TOP_LEFT if causal else CAUSAL_NONE, -1, -1, 0)
+        P.bshape[d] = ka.shape[d]       # the key heads when grouped
+    plan_init(&P, qa, ka, va, res, g, sc, code, wl, wr, cap)
+    if return_lse:
+        hq = g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
+        P.want_lse = 1
+        fill_operand(&P.lse, lse, 1, &P, hq)
     if plan_work(&P) > PARALLEL_MIN_WORK:
         # the resolver also records that this thread may own an OpenMP pool (fork safety)
         nthreads = _thread_resolver(num_threads)
     plan_execute(&P, typenum, nthreads)
+    if return_lse:
+        return res, lse
     return res
 
 
