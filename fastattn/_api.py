@@ -15,7 +15,7 @@ import operator
 import numpy as np
 
 from . import _dispatch
-from ._threads import resolve_num_threads
+from ._threads import _check_num_threads as check_num_threads, resolve_num_threads
 
 _K = _dispatch.kernels
 _K.set_thread_resolver(resolve_num_threads)
@@ -49,7 +49,7 @@ def _to_compute(a, dtype):
     """a in the compute dtype, native byte order and aligned; a view when possible."""
     if a.dtype != dtype:  # also catches non-native byte order
         return a.astype(dtype)
-    if not a.flags.aligned or a.strides and any(s % a.itemsize for s in a.strides):
+    if not _K.behaved(a):
         return np.array(a, dtype=dtype)
     return a
 
@@ -233,7 +233,8 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         raise ValueError(f"q and k must have the same last dimension Dk: q {q.shape}, k {k.shape}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must have the same number of keys Lk: k {k.shape}, v {v.shape}")
-    nthreads = resolve_num_threads(num_threads)
+    if num_threads is not None:
+        check_num_threads(num_threads)   # the count itself is asked for by the kernel
     cdt, odt = _dtypes(q, k, v)
     Lq, Dk = q.shape[-2:]
     Lk, Dv = v.shape[-2:]
@@ -283,9 +284,9 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         if kl.dtype.kind not in "iu":
             raise TypeError(f"kv_lengths must be an integer array, got dtype {kl.dtype}")
         kvlen = _batch_table(kl, "kv_lengths", bshape_q, nbatch_g, np.int64)
-        if kvlen.size and (kvlen.min() < 0 or kvlen.max() > Lk):
-            raise ValueError(f"kv_lengths must lie in [0, Lk={Lk}], got values in "
-                             f"[{kvlen.min()}, {kvlen.max()}]")
+        lo, hi = _K.int64_range(kvlen) if kvlen.size else (0, 0)
+        if lo < 0 or hi > Lk:
+            raise ValueError(f"kv_lengths must lie in [0, Lk={Lk}], got values in [{lo}, {hi}]")
     slopes = None
     if alibi_slopes is not None:
         sl = _as_array(alibi_slopes, "alibi_slopes")
@@ -303,7 +304,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     lse = np.empty(bshape_q + (Lq,), dtype=cdt) if return_lse else None
 
     _K.attention_forward(qc, kc, vc, result, tuple(bshape), g, scale, causal_code, wl, wr,
-                         softcap, mask, bias, kvlen, slopes, weights, lse, nthreads)
+                         softcap, mask, bias, kvlen, slopes, weights, lse, num_threads)
 
     if out is not None:
         if result is not out:

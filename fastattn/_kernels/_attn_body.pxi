@@ -1589,18 +1589,20 @@ cdef int plan_execute(Plan *P, int typenum, int nthreads) except -1:
 
 def attention_forward(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray out, tuple bshape,
                       Py_ssize_t g, double scale, int causal, Py_ssize_t wl, Py_ssize_t wr,
-                      double softcap, mask, bias, kvlen, slopes, weights, lse, int nthreads):
+                      double softcap, mask, bias, kvlen, slopes, weights, lse, num_threads):
     """Run attention on prepared arrays (see fastattn._api.attention).
 
     q (..., Hq, Lq, Dk), k (..., Hk, Lk, Dk), v (..., Hk, Lk, Dv), out (..., Hq, Lq, Dv)
     all of the compute dtype; bshape is the broadcast batch shape with the head axis
     of the key/value heads (Hk = Hq / g).  mask (bool) / bias / weights have trailing
     dims (Lq, Lk), lse (Lq,).  kvlen (int64) and slopes are contiguous (nbatch * g)
-    tables.  Optional arrays are None when unused.  Nothing here validates: the
-    Python layer has done it."""
+    tables.  Optional arrays are None when unused.  num_threads as the caller gave
+    it (None or a valid count): asked of fastattn._threads only when the problem is
+    large enough for threads.  Nothing here validates: the Python layer has done it."""
     cdef Plan P
     cdef int d
     cdef int64_t hq
+    cdef int nthreads = 1
     P.nb = len(bshape)
     if P.nb > MAXDIM:
         raise ValueError("too many batch dimensions")
@@ -1626,8 +1628,36 @@ def attention_forward(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray o
     P.has_alibi = slopes is not None
     if P.has_alibi:
         P.slopes = <char *>cnp.PyArray_DATA(slopes)
+    if plan_work(&P) > PARALLEL_MIN_WORK:
+        nthreads = _thread_resolver(num_threads)
     plan_execute(&P, cnp.PyArray_TYPE(q), nthreads)
     return out
+
+
+def behaved(cnp.ndarray a):
+    """True when the kernels can read a as it is: aligned, native byte order,
+    strides multiples of the item size (dtype not checked)."""
+    cdef int d
+    if not cnp.PyArray_ISBEHAVED_RO(a):
+        return False
+    for d in range(a.ndim):
+        if a.strides[d] % cnp.PyArray_ITEMSIZE(a):
+            return False
+    return True
+
+
+def int64_range(cnp.ndarray t):
+    """(min, max) of a contiguous non-empty 1-D int64 array."""
+    cdef const int64_t *p = <const int64_t *>cnp.PyArray_DATA(t)
+    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(t)
+    cdef int64_t lo, hi
+    if cnp.PyArray_TYPE(t) != cnp.NPY_INT64 or t.ndim != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(t) or n == 0:
+        raise ValueError("int64_range: a contiguous non-empty 1-D int64 array expected")
+    lo = hi = p[0]
+    for i in range(1, n):
+        lo = min(lo, p[i])
+        hi = max(hi, p[i])
+    return lo, hi
 
 
 _thread_resolver = None
