@@ -113,8 +113,9 @@ cdef enum:
     MAXDIM = 64          # batch dims supported (NumPy's own limit)
     BLOCK_Q = 64         # query rows per work unit (row-major path: decode, few rows, weights)
     BLOCK_QT = 128       # query rows per work unit (query-vectorised path)
-    T_MIN_ROWS = 16      # fewer query rows than this: row-major path (see use_t_path)
-    FEW_MAX_ROWS = 15    # units of at most this many rows read keys and values in place (run_unit)
+    T_MIN_ROWS = 14      # fewer query rows than this: row-major path (see use_t_path)
+    FEW_MAX_ROWS = 13    # units of at most this many rows read keys and values in place (run_unit;
+                         # 14 and more rows are query-vectorised, or packed where T pads too much)
     T_RUNS_MAX = 32      # key runs of a chunk's tile (t_runs: <= 22 for FA_T_NV <= 4)
     BLOCK_K = 64         # keys per tile (a multiple of every QK panel width)
     PANEL_MAX = 32       # keys per QK panel, at most (FA_QK_NV vectors of floats)
@@ -709,7 +710,7 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     cdef int v_nonfinite
     # few rows: dot products straight from the key rows and values read in place
     # (no packing), when the rows are contiguous and the values fill whole vectors.
-    # Up to FEW_MAX_ROWS rows (16 are query-vectorised); paired against the packed
+    # Up to FEW_MAX_ROWS rows (14-16 are query-vectorised); paired against the packed
     # tiles and register-blocked kernels (AVX-512, 8 heads, 4096 keys, D 128):
     # 4 rows 1.41x, 8 rows 1.33x, 12 rows 1.14-1.20x, 13-14 rows 1.10x, 15 rows 1.0x
     cdef int few = nr <= FEW_MAX_ROWS
@@ -1433,15 +1434,17 @@ cdef inline int use_t_path(int64_t nrows, size_t item) noexcept nogil:
     the last vector is padding.  Measured on AVX-512 (float32, Lk 2048-8192, D 64
     and 128; 2 threads, paired against the row-major path): 16 and 32 rows 1.02-1.46x
     faster query-vectorised, 47 rows 1.04x; 6-12 rows 0.66-0.86x (a 16-lane vector
-    6-12 lanes full), 24 rows 0.92x, 40 rows 0.95x; float64 16 rows 1.22x.  So:
-    from max(T_MIN_ROWS, 3/4 of an FA_T_NV-vector chunk) rows on (48 float32 rows
-    on AVX-512), and below that from max(T_MIN_ROWS, one vector) rows on when at
-    most 1/8 of the last vector is padding (float32 on AVX-512: 16, 28-32, 42-47)."""
+    6-12 lanes full), 24 rows 0.92x, 40 rows 0.95x; float64 16 rows 1.22x.  14-15
+    rows against the few-rows path (keys and values in place): float64 on AVX-512
+    1.15-1.30x, AVX2 float32 1.15-1.24x and float64 1.29x.  So: from
+    max(T_MIN_ROWS, 3/4 of an FA_T_NV-vector chunk) rows on (48 float32 rows on
+    AVX-512), and below that from T_MIN_ROWS rows on when at most 1/8 of the last
+    vector is padding (float32 on AVX-512: 14-16, 28-32, 42-47)."""
     cdef int64_t W = FA_VBYTES // item
     cdef int64_t lanes = round_up(nrows, W)
     if nrows >= max(<int64_t>T_MIN_ROWS, 3 * FA_T_NV * W // 4):
         return 1
-    return nrows >= max(<int64_t>T_MIN_ROWS, W) and 8 * (lanes - nrows) <= lanes
+    return nrows >= T_MIN_ROWS and 8 * (lanes - nrows) <= lanes
 
 
 cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
