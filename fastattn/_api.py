@@ -354,7 +354,10 @@ def _softmax_views(xc, res, axis):
 
 def _softmax(x, axis, out, num_threads, log_mode, fname):
     x = _as_array(x, "x")
-    nthreads = resolve_num_threads(num_threads)
+    if num_threads is not None:
+        check_num_threads(num_threads)
+    # small inputs run on the calling thread: no thread count asked for (as on the fast path)
+    nthreads = resolve_num_threads(num_threads) if x.size > _K.SOFTMAX_THREADS_MIN else 1
     cdt, odt = _dtypes(x)
     if out is not None:
         _check_out(out, x.shape, odt, (("x", x),))

@@ -1981,6 +1981,9 @@ cdef int softmax_cols_run(const floating *x, int64_t xso, int64_t xsn, floating 
 # a softmax along a non-last axis takes the column kernel when the axes after
 # it hold at least this many elements (one float vector); below, row by row
 SOFTMAX_COL_MIN = FA_VBYTES // 4
+# softmax of at most this many elements runs on the calling thread (the general
+# path then does not ask fastattn._threads for a count)
+SOFTMAX_THREADS_MIN = SOFTMAX_PARALLEL_MIN
 
 
 def softmax_cols_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthreads):
