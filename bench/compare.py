@@ -242,7 +242,13 @@ def print_report(results, ceil, rows, out=sys.stdout):
     p(f"- ceilings, best of {len(results['ceilings'])} spread over the run: "
       f"float32 matmul 2048³ {_fmt(ceil['matmul_gflops'], '.0f')} GFLOP/s, "
       f"read bandwidth {_fmt(ceil['read_gbs'], '.1f')} GB/s (256 MiB float32, faster of np.max and "
-      f"np.sum, one chunk per thread)\n")
+      f"np.sum, one chunk per thread)")
+    mm = sorted(r["matmul_gflops"] for r in results["ceilings"] if r.get("matmul_gflops"))
+    if len(mm) > 1:
+        # the percentages use the best reading; the median says how far the box moved
+        p(f"- matmul ceiling readings: {mm[0]:.0f}-{mm[-1]:.0f} GFLOP/s, median "
+          f"{mm[len(mm) // 2]:.0f} (the % columns divide by the best)")
+    p("")
     p("| case | shape | fastattn | torch | numpy | torch / fastattn | numpy / fastattn "
       "| fastattn GFLOP/s | % matmul | GB/s | % read bw | max err fastattn |")
     p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
