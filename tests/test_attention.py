@@ -321,7 +321,7 @@ def test_out_plain_call_skips_python_checks(dtype, rng, monkeypatch):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
     """The options a decode loop passes (causal in every spelling, window, softcap,
-    return_lse, out=, grouped heads) run from the compiled fast path without
+    return_lse, out=, kv_lengths, grouped heads) run from the compiled fast path without
     reaching the general path's Python argument handling, with results and lse
     bit-identical to the general path's (forced by switching the fast path off),
     and within tolerance of the float64 reference.  Spellings the fast path does
@@ -343,7 +343,13 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
         q = randn(rng, qb + (Lq, 16), dtype)
         k = randn(rng, kb + (Lk, 16), dtype)
         v = randn(rng, kb + (Lk, 8), dtype)
-        for opts in options:
+        n = int(np.prod(qb))
+        kv_opts = [dict(kv_lengths=np.arange(n).reshape(qb) % (Lk + 1)),          # 0 .. Lk
+                   dict(kv_lengths=np.full(qb[:-1] + (1,), Lk // 2, np.int32)),   # broadcast heads
+                   dict(kv_lengths=(np.arange(2 * n, dtype=np.int64) % Lk)[::-2].reshape(qb),
+                        causal="bottom_right", return_lse=True),                    # strided
+                   dict(kv_lengths=np.array(Lk - 1), window=(3, 0))]               # 0-d
+        for opts in options + kv_opts:
             with monkeypatch.context() as mp:
                 mp.setattr(api._K, "attention_fast", lambda *a: None)
                 want = fastattn.attention(q, k, v, **opts)
@@ -379,6 +385,10 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
         want = fastattn.attention(q, k, v, causal="bottom_right", softcap=2.0, window=3)
         for kw in (dict(causal=np.True_), dict(softcap=2), dict(window=np.int64(3)), dict(scale=1)):
             fastattn.attention(q, k, v, **kw)
+        lengths = np.array([[3], [40]])
+        want_kl = fastattn.attention(q, k, v, kv_lengths=lengths)
+        for kl in (lengths.astype(np.uint16), lengths.tolist(), lengths.astype(">i8")):
+            np.testing.assert_array_equal(fastattn.attention(q, k, v, kv_lengths=kl), want_kl)
         np.testing.assert_array_equal(
             fastattn.attention(q, k, v, causal="bottom_right", softcap=np.float64(2.0), window=(3, 3)), want)
         lse = fastattn.attention(q, k, v, return_lse=1)
@@ -392,7 +402,11 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                                (dict(softcap=-1.0), ValueError, "softcap"),
                                (dict(softcap=float("inf")), ValueError, "softcap"),
                                (dict(causal="top-left"), ValueError, "causal"),
-                               (dict(scale=float("nan")), ValueError, "scale")):
+                               (dict(scale=float("nan")), ValueError, "scale"),
+                               (dict(kv_lengths=np.array([41])), ValueError, "kv_lengths"),
+                               (dict(kv_lengths=np.array([[-1], [3]], np.int32)), ValueError, "kv_lengths"),
+                               (dict(kv_lengths=np.array([1, 2, 3])), ValueError, "kv_lengths"),
+                               (dict(kv_lengths=np.array([2.0])), TypeError, "kv_lengths")):
             with pytest.raises(err, match=match):
                 fastattn.attention(q, k, v, **kw)
         with pytest.raises(ValueError, match="broadcast"):

@@ -8,7 +8,7 @@
 # vectorised exp live in simd.h.
 
 from cython.parallel cimport prange, parallel
-from libc.stdint cimport int64_t, uint8_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
 from libc.math cimport exp, log, sqrt, isfinite, INFINITY, NAN
 
 cimport numpy as cnp
@@ -1637,9 +1637,8 @@ def attention_forward(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray o
     return out
 
 
-def behaved(cnp.ndarray a):
-    """True when the kernels can read a as it is: aligned, native byte order,
-    strides multiples of the item size (dtype not checked)."""
+cdef inline bint behaved_array(cnp.ndarray a) noexcept:
+    """Aligned, native byte order, strides multiples of the item size."""
     cdef int d
     if not cnp.PyArray_ISBEHAVED_RO(a):
         return False
@@ -1647,6 +1646,12 @@ def behaved(cnp.ndarray a):
         if a.strides[d] % cnp.PyArray_ITEMSIZE(a):
             return False
     return True
+
+
+def behaved(cnp.ndarray a):
+    """True when the kernels can read a as it is (its dtype aside): aligned, native
+    byte order, strides multiples of the item size."""
+    return behaved_array(a)
 
 
 def int64_range(cnp.ndarray t):
@@ -1674,13 +1679,7 @@ def set_thread_resolver(resolver):
 
 cdef inline bint plain_operand(cnp.ndarray a, int typenum) noexcept:
     """float32/float64 of the given type, native byte order, aligned, item-multiple strides."""
-    cdef int d
-    if cnp.PyArray_TYPE(a) != typenum or not cnp.PyArray_ISBEHAVED_RO(a):
-        return False
-    for d in range(a.ndim):
-        if a.strides[d] % cnp.PyArray_ITEMSIZE(a):
-            return False
-    return True
+    return cnp.PyArray_TYPE(a) == typenum and behaved_array(a)
 
 
 cdef inline void byte_extent(cnp.ndarray a, char **lo, char **hi) noexcept:
@@ -1722,21 +1721,76 @@ cdef inline bint fast_window_side(w, Py_ssize_t *side):
     return True
 
 
-def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out):
+cdef object fast_kv_table(cnp.ndarray kl, cnp.ndarray q, int64_t Lk):
+    """kv_lengths (int32 or int64, broadcastable to q's batch dims) as the contiguous
+    int64 table of one length per (batch, query head) that the kernels read (C
+    order over q's batch dims, what the general path's _batch_table builds); None
+    when kl is anything else or a length lies outside [0, Lk] (the general path
+    then raises its errors)."""
+    cdef int nb = q.ndim - 2
+    cdef int off, d, typenum = cnp.PyArray_TYPE(kl)
+    cdef cnp.npy_intp n = 1
+    cdef cnp.npy_intp i
+    cdef cnp.npy_intp cnt[64]
+    cdef cnp.npy_intp st[64]
+    cdef const char *base
+    cdef const char *p
+    cdef int64_t val
+    cdef int64_t *tab
+    cdef cnp.ndarray t
+    if (typenum != cnp.NPY_INT64 and typenum != cnp.NPY_INT32) or not behaved_array(kl) or kl.ndim > nb:
+        return None
+    off = nb - kl.ndim
+    for d in range(nb):
+        n *= q.shape[d]
+        cnt[d] = 0
+        st[d] = 0
+        if d >= off:
+            if kl.shape[d - off] == q.shape[d]:
+                st[d] = kl.strides[d - off]
+            elif kl.shape[d - off] != 1:
+                return None
+    t = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
+    tab = <int64_t *>cnp.PyArray_DATA(t)
+    base = <const char *>cnp.PyArray_DATA(kl)
+    p = base
+    for i in range(n):
+        val = (<const int64_t *>p)[0] if typenum == cnp.NPY_INT64 else (<const int32_t *>p)[0]
+        if val < 0 or val > Lk:
+            return None
+        tab[i] = val
+        # next multi-index over q's batch dims (the last one fastest)
+        d = nb - 1
+        while d >= 0:
+            cnt[d] += 1
+            p += st[d]
+            if cnt[d] < q.shape[d]:
+                break
+            p -= st[d] * cnt[d]
+            cnt[d] = 0
+            d -= 1
+    return t
+
+
+def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out,
+                   kv_lengths=None):
     """``attention(q, k, v, ...)`` without Python overhead, for the options a decode
-    loop passes: scale, causal, window, softcap, return_lse, out, grouped heads.
+    loop passes: scale, causal, window, softcap, return_lse, out, grouped heads,
+    kv_lengths.
 
     Taken when q, k, v are ndarrays of one native float dtype with identical batch
     dims (k and v may have fewer heads than q, a divisor of them: grouped-query
     attention), scale and softcap are Python floats (or None), causal is False,
     None, True, "top_left" or "bottom_right", window None, an int or a pair of ints
-    or None, return_lse a bool, and out (if given) a writeable, aligned array of
-    that dtype and the output's shape that does not overlap q, k or v.  Returns
+    or None, return_lse a bool, kv_lengths (if given) an int32 or int64 ndarray
+    that broadcasts to q's batch dims with every length in [0, Lk], and out (if
+    given) a writeable, aligned array of that dtype and the output's shape that
+    does not overlap q, k or v.  Returns
     None for anything else, and the caller takes the general path, which also
     produces the errors.  Small problems run on the calling thread and never ask
     for a thread count; larger ones ask fastattn._threads (which honours
     num_threads)."""
-    cdef cnp.ndarray qa, ka, va, oa, res, lse = None
+    cdef cnp.ndarray qa, ka, va, oa, res, lse = None, kvt = None
     cdef int nd, d, typenum, code
     cdef Plan P
     cdef cnp.npy_intp dims[64]
@@ -1802,6 +1856,12 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
             return None
     else:
         return None
+    if kv_lengths is not None:
+        if type(kv_lengths) is not cnp.ndarray:
+            return None
+        kvt = fast_kv_table(kv_lengths, qa, ka.shape[nd - 2])
+        if kvt is None:
+            return None
     for d in range(nd - 1):
         dims[d] = qa.shape[d]
     dims[nd - 1] = va.shape[nd - 1]
@@ -1836,6 +1896,9 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
         hq = g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
         P.want_lse = 1
         fill_operand(&P.lse, lse, 1, &P, hq)
+    if kvt is not None:
+        P.has_kvlen = 1
+        P.kvlen = <int64_t *>cnp.PyArray_DATA(kvt)
     if plan_work(&P) > PARALLEL_MIN_WORK:
         # the resolver also records that this thread may own an OpenMP pool (fork safety)
         nthreads = _thread_resolver(num_threads)
