@@ -321,7 +321,8 @@ def test_out_plain_call_skips_python_checks(dtype, rng, monkeypatch):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
     """The options a decode loop passes (causal in every spelling, window, softcap,
-    return_lse, out=, kv_lengths, grouped heads) run from the compiled fast path without
+    return_lse, out=, kv_lengths, masks, biases, grouped heads) run from the compiled
+    fast path without
     reaching the general path's Python argument handling, with results and lse
     bit-identical to the general path's (forced by switching the fast path off),
     and within tolerance of the float64 reference.  Spellings the fast path does
@@ -349,7 +350,15 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                    dict(kv_lengths=(np.arange(2 * n, dtype=np.int64) % Lk)[::-2].reshape(qb),
                         causal="bottom_right", return_lse=True),                    # strided
                    dict(kv_lengths=np.array(Lk - 1), window=(3, 0))]               # 0-d
-        for opts in options + kv_opts:
+        m = rng.random(qb + (Lq, Lk)) < 0.7
+        m[..., 0, :] = False                                                        # a row sees nothing
+        score_opts = [dict(mask=m), dict(mask=m[..., :1, :, :]),                    # broadcast heads
+                      dict(mask=np.ascontiguousarray(m[(0,) * (len(qb) - 1)][0, :1]), causal=True),  # (1, Lk)
+                      dict(mask=np.asfortranarray(m[(0,) * len(qb)]), return_lse=True),   # (Lq, Lk), strided
+                      dict(bias=randn(rng, qb + (Lq, Lk), dtype)),
+                      dict(bias=randn(rng, (Lq, 1), dtype), mask=m, softcap=3.0),
+                      dict(bias=randn(rng, qb[-1:] + (1, Lk), dtype), kv_lengths=np.array(Lk // 2))]
+        for opts in options + kv_opts + score_opts:
             with monkeypatch.context() as mp:
                 mp.setattr(api._K, "attention_fast", lambda *a: None)
                 want = fastattn.attention(q, k, v, **opts)
@@ -389,6 +398,16 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
         want_kl = fastattn.attention(q, k, v, kv_lengths=lengths)
         for kl in (lengths.astype(np.uint16), lengths.tolist(), lengths.astype(">i8")):
             np.testing.assert_array_equal(fastattn.attention(q, k, v, kv_lengths=kl), want_kl)
+        mask = rng.random((5, 40)) < 0.5
+        bias = randn(rng, (5, 40), dtype)
+        want_mb = fastattn.attention(q, k, v, mask=mask, bias=bias)
+        np.testing.assert_array_equal(fastattn.attention(q, k, v, mask=mask.tolist(), bias=bias), want_mb)
+        assert_close(fastattn.attention(q, k, v, mask=mask, bias=bias.astype(np.float16)), want_mb, np.float16)
+        np.testing.assert_array_equal(fastattn.attention(q, k, v, mask=mask[0], bias=bias),      # 1-D
+                                      fastattn.attention(q, k, v, mask=mask[:1], bias=bias))
+        buf = np.zeros((2, 6, 5, 40), dtype)
+        with pytest.raises(ValueError, match="overlaps the input bias"):
+            fastattn.attention(q, k, v, bias=buf, out=buf[..., :8])
         np.testing.assert_array_equal(
             fastattn.attention(q, k, v, causal="bottom_right", softcap=np.float64(2.0), window=(3, 3)), want)
         lse = fastattn.attention(q, k, v, return_lse=1)
@@ -406,7 +425,10 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                                (dict(kv_lengths=np.array([41])), ValueError, "kv_lengths"),
                                (dict(kv_lengths=np.array([[-1], [3]], np.int32)), ValueError, "kv_lengths"),
                                (dict(kv_lengths=np.array([1, 2, 3])), ValueError, "kv_lengths"),
-                               (dict(kv_lengths=np.array([2.0])), TypeError, "kv_lengths")):
+                               (dict(kv_lengths=np.array([2.0])), TypeError, "kv_lengths"),
+                               (dict(mask=np.ones((3, 40), bool)), ValueError, "mask"),
+                               (dict(mask=np.ones((5, 40), np.int8)), TypeError, "mask"),
+                               (dict(bias=np.zeros((2, 5, 40))), ValueError, "bias")):
             with pytest.raises(err, match=match):
                 fastattn.attention(q, k, v, **kw)
         with pytest.raises(ValueError, match="broadcast"):

@@ -113,6 +113,8 @@ def make_case(case, rng):
                  "kvlen": {"kv_lengths": np.array([12])}, "lse": {"return_lse": True},
                  "window": {"window": (8, 0)}, "softcap": {"softcap": 30.0},
                  "alibi": {"alibi_slopes": np.linspace(0.1, 1, 8)},
+                 "mask": {"mask": np.arange(16)[None] < 12},
+                 "bias": {"bias": rng.standard_normal((1, 16), dtype=np.float32)},
                  "out": {"out": np.empty((1, 8, 1, 64), np.float32)}}
         kw = {}
         for o in opts:

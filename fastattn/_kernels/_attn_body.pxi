@@ -1772,19 +1772,36 @@ cdef object fast_kv_table(cnp.ndarray kl, cnp.ndarray q, int64_t Lk):
     return t
 
 
+cdef bint fast_score_operand(cnp.ndarray x, cnp.ndarray q, int64_t Lk, int typenum):
+    """mask / bias as the general path's _score_operand accepts them without a
+    reshape or conversion: of the given type, behaved, at least 2 dims, broadcasting
+    to q's batch dims + (Lq, Lk) (each dim 1 or equal, right-aligned)."""
+    cdef int nd = q.ndim, xd = x.ndim, d, off
+    if cnp.PyArray_TYPE(x) != typenum or not behaved_array(x) or xd < 2 or xd > nd:
+        return False
+    if x.shape[xd - 1] != 1 and x.shape[xd - 1] != Lk:
+        return False
+    off = nd - xd
+    for d in range(xd - 1):
+        if x.shape[d] != 1 and x.shape[d] != q.shape[off + d]:
+            return False
+    return True
+
+
 def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out,
-                   kv_lengths=None):
+                   kv_lengths=None, mask=None, bias=None):
     """``attention(q, k, v, ...)`` without Python overhead, for the options a decode
     loop passes: scale, causal, window, softcap, return_lse, out, grouped heads,
-    kv_lengths.
+    kv_lengths, a boolean mask, a bias.
 
     Taken when q, k, v are ndarrays of one native float dtype with identical batch
     dims (k and v may have fewer heads than q, a divisor of them: grouped-query
     attention), scale and softcap are Python floats (or None), causal is False,
     None, True, "top_left" or "bottom_right", window None, an int or a pair of ints
     or None, return_lse a bool, kv_lengths (if given) an int32 or int64 ndarray
-    that broadcasts to q's batch dims with every length in [0, Lk], and out (if
-    given) a writeable, aligned array of that dtype and the output's shape that
+    that broadcasts to q's batch dims with every length in [0, Lk], mask (bool) and
+    bias (the dtype of q) ndarrays of at least 2 dims that broadcast to q's batch dims
+    + (Lq, Lk), and out (if given) a writeable, aligned array of that dtype and the output's shape that
     does not overlap q, k or v.  Returns
     None for anything else, and the caller takes the general path, which also
     produces the errors.  Small problems run on the calling thread and never ask
@@ -1862,6 +1879,12 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
         kvt = fast_kv_table(kv_lengths, qa, ka.shape[nd - 2])
         if kvt is None:
             return None
+    if mask is not None and (type(mask) is not cnp.ndarray
+                             or not fast_score_operand(mask, qa, ka.shape[nd - 2], cnp.NPY_BOOL)):
+        return None
+    if bias is not None and (type(bias) is not cnp.ndarray
+                             or not fast_score_operand(bias, qa, ka.shape[nd - 2], typenum)):
+        return None
     for d in range(nd - 1):
         dims[d] = qa.shape[d]
     dims[nd - 1] = va.shape[nd - 1]
@@ -1884,6 +1907,8 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
                     return None
         if may_overlap(oa, qa) or may_overlap(oa, ka) or may_overlap(oa, va):
             return None
+        if (mask is not None and may_overlap(oa, mask)) or (bias is not None and may_overlap(oa, bias)):
+            return None
         res = oa
     if return_lse:
         lse = cnp.PyArray_EMPTY(nd - 1, qa.shape, typenum, 0)
@@ -1899,6 +1924,12 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
     if kvt is not None:
         P.has_kvlen = 1
         P.kvlen = <int64_t *>cnp.PyArray_DATA(kvt)
+    if mask is not None:
+        P.has_mask = 1
+        fill_operand(&P.mask, mask, 2, &P, g * (P.bshape[P.nb - 1] if P.nb > 0 else 1))
+    if bias is not None:
+        P.has_bias = 1
+        fill_operand(&P.bias, bias, 2, &P, g * (P.bshape[P.nb - 1] if P.nb > 0 else 1))
     if plan_work(&P) > PARALLEL_MIN_WORK:
         # the resolver also records that this thread may own an OpenMP pool (fork safety)
         nthreads = _thread_resolver(num_threads)
