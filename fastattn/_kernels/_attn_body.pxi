@@ -1590,6 +1590,43 @@ cdef int plan_execute(Plan *P, int typenum, int nthreads) except -1:
     return 0
 
 
+cdef inline int plan_options(Plan *P, mask, bias, kvlen, slopes, weights, lse) except -1:
+    """The optional operands of a plan after plan_init (None: unused): mask / bias /
+    weights with trailing dims (Lq, Lk), lse (Lq,), kvlen (int64) and slopes
+    contiguous (nbatch * g) tables."""
+    cdef int64_t hq = P.g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
+    P.has_mask = mask is not None
+    if P.has_mask:
+        fill_operand(&P.mask, mask, 2, P, hq)
+    P.has_bias = bias is not None
+    if P.has_bias:
+        fill_operand(&P.bias, bias, 2, P, hq)
+    P.want_weights = weights is not None
+    if P.want_weights:
+        fill_operand(&P.w, weights, 2, P, hq)
+    P.want_lse = lse is not None
+    if P.want_lse:
+        fill_operand(&P.lse, lse, 1, P, hq)
+    P.has_kvlen = kvlen is not None
+    if P.has_kvlen:
+        P.kvlen = <int64_t *>cnp.PyArray_DATA(kvlen)
+    P.has_alibi = slopes is not None
+    if P.has_alibi:
+        P.slopes = <char *>cnp.PyArray_DATA(slopes)
+    return 0
+
+
+cdef inline int plan_run(Plan *P, int typenum, num_threads) except -1:
+    """Execute a filled plan; the thread count (num_threads as the caller gave it)
+    is asked of fastattn._threads only when the problem is large enough for
+    threads, which also records that this thread may own an OpenMP pool (fork
+    safety)."""
+    cdef int nthreads = 1
+    if plan_work(P) > PARALLEL_MIN_WORK:
+        nthreads = _thread_resolver(num_threads)
+    return plan_execute(P, typenum, nthreads)
+
+
 def attention_forward(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray out, tuple bshape,
                       Py_ssize_t g, double scale, int causal, Py_ssize_t wl, Py_ssize_t wr,
                       double softcap, mask, bias, kvlen, slopes, weights, lse, num_threads):
@@ -1604,36 +1641,14 @@ def attention_forward(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray o
     large enough for threads.  Nothing here validates: the Python layer has done it."""
     cdef Plan P
     cdef int d
-    cdef int64_t hq
-    cdef int nthreads = 1
     P.nb = len(bshape)
     if P.nb > MAXDIM:
         raise ValueError("too many batch dimensions")
     for d in range(P.nb):
         P.bshape[d] = bshape[d]
     plan_init(&P, q, k, v, out, g, scale, causal, wl, wr, softcap)
-    hq = g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
-    P.has_mask = mask is not None
-    if P.has_mask:
-        fill_operand(&P.mask, mask, 2, &P, hq)
-    P.has_bias = bias is not None
-    if P.has_bias:
-        fill_operand(&P.bias, bias, 2, &P, hq)
-    P.want_weights = weights is not None
-    if P.want_weights:
-        fill_operand(&P.w, weights, 2, &P, hq)
-    P.want_lse = lse is not None
-    if P.want_lse:
-        fill_operand(&P.lse, lse, 1, &P, hq)
-    P.has_kvlen = kvlen is not None
-    if P.has_kvlen:
-        P.kvlen = <int64_t *>cnp.PyArray_DATA(kvlen)
-    P.has_alibi = slopes is not None
-    if P.has_alibi:
-        P.slopes = <char *>cnp.PyArray_DATA(slopes)
-    if plan_work(&P) > PARALLEL_MIN_WORK:
-        nthreads = _thread_resolver(num_threads)
-    plan_execute(&P, cnp.PyArray_TYPE(q), nthreads)
+    plan_options(&P, mask, bias, kvlen, slopes, weights, lse)
+    plan_run(&P, cnp.PyArray_TYPE(q), num_threads)
     return out
 
 
@@ -1733,7 +1748,6 @@ cdef object fast_kv_table(cnp.ndarray kl, cnp.ndarray q, int64_t Lk):
     cdef cnp.npy_intp i
     cdef cnp.npy_intp cnt[64]
     cdef cnp.npy_intp st[64]
-    cdef const char *base
     cdef const char *p
     cdef int64_t val
     cdef int64_t *tab
@@ -1752,8 +1766,7 @@ cdef object fast_kv_table(cnp.ndarray kl, cnp.ndarray q, int64_t Lk):
                 return None
     t = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
     tab = <int64_t *>cnp.PyArray_DATA(t)
-    base = <const char *>cnp.PyArray_DATA(kl)
-    p = base
+    p = <const char *>cnp.PyArray_DATA(kl)
     for i in range(n):
         val = (<const int64_t *>p)[0] if typenum == cnp.NPY_INT64 else (<const int32_t *>p)[0]
         if val < 0 or val > Lk:
@@ -1800,21 +1813,19 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
     None, True, "top_left" or "bottom_right", window None, an int or a pair of ints
     or None, return_lse a bool, kv_lengths (if given) an int32 or int64 ndarray
     that broadcasts to q's batch dims with every length in [0, Lk], mask (bool) and
-    bias (the dtype of q) ndarrays of at least 2 dims that broadcast to q's batch dims
-    + (Lq, Lk), and out (if given) a writeable, aligned array of that dtype and the output's shape that
-    does not overlap q, k or v.  Returns
-    None for anything else, and the caller takes the general path, which also
-    produces the errors.  Small problems run on the calling thread and never ask
-    for a thread count; larger ones ask fastattn._threads (which honours
-    num_threads)."""
+    bias (the dtype of q) ndarrays of at least 2 dims that broadcast to q's batch
+    dims + (Lq, Lk), and out (if given) a writeable, aligned array of that dtype and
+    the output's shape that overlaps none of them.  Returns None for anything else,
+    and the caller takes the general path, which also produces the errors.  Small
+    problems run on the calling thread and never ask for a thread count; larger ones
+    ask fastattn._threads (which honours num_threads)."""
     cdef cnp.ndarray qa, ka, va, oa, res, lse = None, kvt = None
     cdef int nd, d, typenum, code
     cdef Plan P
     cdef cnp.npy_intp dims[64]
     cdef double sc, cap = 0.0
     cdef Py_ssize_t wl = -1, wr = -1
-    cdef int64_t g = 1, hq
-    cdef int nthreads = 1
+    cdef int64_t g = 1
     if num_threads is not None and (type(num_threads) is not int or not 1 <= num_threads <= 0x7fffffff):
         return None
     if return_lse is not False and return_lse is not True:
@@ -1917,23 +1928,8 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
     for d in range(P.nb):
         P.bshape[d] = ka.shape[d]       # the key heads when grouped
     plan_init(&P, qa, ka, va, res, g, sc, code, wl, wr, cap)
-    if return_lse:
-        hq = g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
-        P.want_lse = 1
-        fill_operand(&P.lse, lse, 1, &P, hq)
-    if kvt is not None:
-        P.has_kvlen = 1
-        P.kvlen = <int64_t *>cnp.PyArray_DATA(kvt)
-    if mask is not None:
-        P.has_mask = 1
-        fill_operand(&P.mask, mask, 2, &P, g * (P.bshape[P.nb - 1] if P.nb > 0 else 1))
-    if bias is not None:
-        P.has_bias = 1
-        fill_operand(&P.bias, bias, 2, &P, g * (P.bshape[P.nb - 1] if P.nb > 0 else 1))
-    if plan_work(&P) > PARALLEL_MIN_WORK:
-        # the resolver also records that this thread may own an OpenMP pool (fork safety)
-        nthreads = _thread_resolver(num_threads)
-    plan_execute(&P, typenum, nthreads)
+    plan_options(&P, mask, bias, kvt, None, None, lse)
+    plan_run(&P, typenum, num_threads)
     if return_lse:
         return res, lse
     return res
