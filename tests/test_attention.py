@@ -321,7 +321,7 @@ def test_out_plain_call_skips_python_checks(dtype, rng, monkeypatch):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
     """The options a decode loop passes (causal in every spelling, window, softcap,
-    return_lse, out=, kv_lengths, masks, biases, grouped heads) run from the compiled
+    return_lse, out=, kv_lengths, masks, biases, ALiBi slopes, grouped heads) run from the compiled
     fast path without
     reaching the general path's Python argument handling, with results and lse
     bit-identical to the general path's (forced by switching the fast path off),
@@ -358,7 +358,15 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                       dict(bias=randn(rng, qb + (Lq, Lk), dtype)),
                       dict(bias=randn(rng, (Lq, 1), dtype), mask=m, softcap=3.0),
                       dict(bias=randn(rng, qb[-1:] + (1, Lk), dtype), kv_lengths=np.array(Lk // 2))]
-        for opts in options + kv_opts + score_opts:
+        alibi_opts = [dict(alibi_slopes=rng.uniform(0, 1, qb)),                            # float64
+                      dict(alibi_slopes=rng.uniform(0, 1, qb[-1:]).astype(np.float32),     # per head
+                           causal="bottom_right", return_lse=True),
+                      dict(alibi_slopes=rng.uniform(0, 1, qb[:-1] + (1,))[..., ::-1],      # broadcast heads
+                           mask=m, window=(3, 1)),
+                      dict(alibi_slopes=rng.uniform(0, 2, 2 * n)[::2].reshape(qb),         # strided
+                           kv_lengths=np.array(Lk // 2), softcap=4.0, causal=True),
+                      dict(alibi_slopes=np.array(0.25), bias=randn(rng, (Lq, Lk), dtype))]  # 0-d
+        for opts in options + kv_opts + score_opts + alibi_opts:
             with monkeypatch.context() as mp:
                 mp.setattr(api._K, "attention_fast", lambda *a: None)
                 want = fastattn.attention(q, k, v, **opts)
@@ -405,6 +413,12 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
         assert_close(fastattn.attention(q, k, v, mask=mask, bias=bias.astype(np.float16)), want_mb, np.float16)
         np.testing.assert_array_equal(fastattn.attention(q, k, v, mask=mask[0], bias=bias),      # 1-D
                                       fastattn.attention(q, k, v, mask=mask[:1], bias=bias))
+        slopes = np.array([0.5, 0.25, 0.125, 1.0, 2.0, 0.0])
+        want_al = fastattn.attention(q, k, v, alibi_slopes=slopes.astype(dtype))
+        for sl in (slopes.tolist(), slopes.astype(np.float16), slopes.astype(">f8")):
+            np.testing.assert_array_equal(fastattn.attention(q, k, v, alibi_slopes=sl), want_al)
+        np.testing.assert_array_equal(fastattn.attention(q, k, v, alibi_slopes=np.array([1, 0, 2, 1, 0, 3])),
+                                      fastattn.attention(q, k, v, alibi_slopes=np.array([1., 0, 2, 1, 0, 3])))
         buf = np.zeros((2, 6, 5, 40), dtype)
         with pytest.raises(ValueError, match="overlaps the input bias"):
             fastattn.attention(q, k, v, bias=buf, out=buf[..., :8])
@@ -428,7 +442,10 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                                (dict(kv_lengths=np.array([2.0])), TypeError, "kv_lengths"),
                                (dict(mask=np.ones((3, 40), bool)), ValueError, "mask"),
                                (dict(mask=np.ones((5, 40), np.int8)), TypeError, "mask"),
-                               (dict(bias=np.zeros((2, 5, 40))), ValueError, "bias")):
+                               (dict(bias=np.zeros((2, 5, 40))), ValueError, "bias"),
+                               (dict(alibi_slopes=np.ones(3)), ValueError, "alibi_slopes"),
+                               (dict(alibi_slopes=np.ones((6, 1))), ValueError, "alibi_slopes"),
+                               (dict(alibi_slopes=np.ones(6, complex)), TypeError, "alibi_slopes")):
             with pytest.raises(err, match=match):
                 fastattn.attention(q, k, v, **kw)
         with pytest.raises(ValueError, match="broadcast"):

@@ -1736,42 +1736,57 @@ cdef inline bint fast_window_side(w, Py_ssize_t *side):
     return True
 
 
-cdef object fast_kv_table(cnp.ndarray kl, cnp.ndarray q, int64_t Lk):
-    """kv_lengths (int32 or int64, broadcastable to q's batch dims) as the contiguous
-    int64 table of one length per (batch, query head) that the kernels read (C
-    order over q's batch dims, what the general path's _batch_table builds); None
-    when kl is anything else or a length lies outside [0, Lk] (the general path
-    then raises its errors)."""
+cdef object fast_batch_table(cnp.ndarray x, cnp.ndarray q, int64_t Lk, int typenum):
+    """A per-(batch, query head) option as the contiguous table that the kernels
+    read, one entry per batch entry of q in C order over q's batch dims (what the
+    general path's _batch_table builds): kv_lengths (typenum NPY_INT64; x int32 or
+    int64, every length in [0, Lk]) or alibi_slopes (typenum q's float type; x
+    float32 or float64, converted as numpy's assignment does).  x must broadcast to
+    q's batch dims.  None when x is anything else or a length lies outside [0, Lk]
+    (the general path then converts or raises its errors)."""
     cdef int nb = q.ndim - 2
-    cdef int off, d, typenum = cnp.PyArray_TYPE(kl)
+    cdef int off, d, xt = cnp.PyArray_TYPE(x)
     cdef cnp.npy_intp n = 1
     cdef cnp.npy_intp i
     cdef cnp.npy_intp cnt[64]
     cdef cnp.npy_intp st[64]
     cdef const char *p
     cdef int64_t val
-    cdef int64_t *tab
+    cdef double f
     cdef cnp.ndarray t
-    if (typenum != cnp.NPY_INT64 and typenum != cnp.NPY_INT32) or not behaved_array(kl) or kl.ndim > nb:
+    cdef char *tab
+    if typenum == cnp.NPY_INT64:
+        if xt != cnp.NPY_INT64 and xt != cnp.NPY_INT32:
+            return None
+    elif xt != cnp.NPY_FLOAT and xt != cnp.NPY_DOUBLE:
         return None
-    off = nb - kl.ndim
+    if not behaved_array(x) or x.ndim > nb:
+        return None
+    off = nb - x.ndim
     for d in range(nb):
         n *= q.shape[d]
         cnt[d] = 0
         st[d] = 0
         if d >= off:
-            if kl.shape[d - off] == q.shape[d]:
-                st[d] = kl.strides[d - off]
-            elif kl.shape[d - off] != 1:
+            if x.shape[d - off] == q.shape[d]:
+                st[d] = x.strides[d - off]
+            elif x.shape[d - off] != 1:
                 return None
-    t = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
-    tab = <int64_t *>cnp.PyArray_DATA(t)
-    p = <const char *>cnp.PyArray_DATA(kl)
+    t = cnp.PyArray_EMPTY(1, &n, typenum, 0)
+    tab = <char *>cnp.PyArray_DATA(t)
+    p = <const char *>cnp.PyArray_DATA(x)
     for i in range(n):
-        val = (<const int64_t *>p)[0] if typenum == cnp.NPY_INT64 else (<const int32_t *>p)[0]
-        if val < 0 or val > Lk:
-            return None
-        tab[i] = val
+        if typenum == cnp.NPY_INT64:
+            val = (<const int64_t *>p)[0] if xt == cnp.NPY_INT64 else (<const int32_t *>p)[0]
+            if val < 0 or val > Lk:
+                return None
+            (<int64_t *>tab)[i] = val
+        else:
+            f = (<const double *>p)[0] if xt == cnp.NPY_DOUBLE else (<const float *>p)[0]
+            if typenum == cnp.NPY_FLOAT:
+                (<float *>tab)[i] = <float>f
+            else:
+                (<double *>tab)[i] = f
         # next multi-index over q's batch dims (the last one fastest)
         d = nb - 1
         while d >= 0:
@@ -1802,24 +1817,25 @@ cdef bint fast_score_operand(cnp.ndarray x, cnp.ndarray q, int64_t Lk, int typen
 
 
 def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out,
-                   kv_lengths=None, mask=None, bias=None):
+                   kv_lengths=None, mask=None, bias=None, alibi_slopes=None):
     """``attention(q, k, v, ...)`` without Python overhead, for the options a decode
     loop passes: scale, causal, window, softcap, return_lse, out, grouped heads,
-    kv_lengths, a boolean mask, a bias.
+    kv_lengths, a boolean mask, a bias, ALiBi slopes.
 
     Taken when q, k, v are ndarrays of one native float dtype with identical batch
     dims (k and v may have fewer heads than q, a divisor of them: grouped-query
     attention), scale and softcap are Python floats (or None), causal is False,
     None, True, "top_left" or "bottom_right", window None, an int or a pair of ints
     or None, return_lse a bool, kv_lengths (if given) an int32 or int64 ndarray
-    that broadcasts to q's batch dims with every length in [0, Lk], mask (bool) and
+    that broadcasts to q's batch dims with every length in [0, Lk], alibi_slopes a
+    float32 or float64 ndarray that broadcasts to them, mask (bool) and
     bias (the dtype of q) ndarrays of at least 2 dims that broadcast to q's batch
     dims + (Lq, Lk), and out (if given) a writeable, aligned array of that dtype and
     the output's shape that overlaps none of them.  Returns None for anything else,
     and the caller takes the general path, which also produces the errors.  Small
     problems run on the calling thread and never ask for a thread count; larger ones
     ask fastattn._threads (which honours num_threads)."""
-    cdef cnp.ndarray qa, ka, va, oa, res, lse = None, kvt = None
+    cdef cnp.ndarray qa, ka, va, oa, res, lse = None, kvt = None, slt = None
     cdef int nd, d, typenum, code
     cdef Plan P
     cdef cnp.npy_intp dims[64]
@@ -1887,8 +1903,14 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
     if kv_lengths is not None:
         if type(kv_lengths) is not cnp.ndarray:
             return None
-        kvt = fast_kv_table(kv_lengths, qa, ka.shape[nd - 2])
+        kvt = fast_batch_table(kv_lengths, qa, ka.shape[nd - 2], cnp.NPY_INT64)
         if kvt is None:
+            return None
+    if alibi_slopes is not None:
+        if type(alibi_slopes) is not cnp.ndarray:
+            return None
+        slt = fast_batch_table(alibi_slopes, qa, ka.shape[nd - 2], typenum)
+        if slt is None:
             return None
     if mask is not None and (type(mask) is not cnp.ndarray
                              or not fast_score_operand(mask, qa, ka.shape[nd - 2], cnp.NPY_BOOL)):
@@ -1928,7 +1950,7 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
     for d in range(P.nb):
         P.bshape[d] = ka.shape[d]       # the key heads when grouped
     plan_init(&P, qa, ka, va, res, g, sc, code, wl, wr, cap)
-    plan_options(&P, mask, bias, kvt, None, None, lse)
+    plan_options(&P, mask, bias, kvt, slt, None, lse)
     plan_run(&P, typenum, num_threads)
     if return_lse:
         return res, lse
