@@ -216,14 +216,12 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     out, or the tuple (out, weights, lse) with only the parts asked for.
     A query row that sees no key gives output 0, weights 0 and lse -inf.
     """
-    if return_weights is False:
-        # the usual call (options scale, causal, window, softcap, return_lse, out,
-        # kv_lengths, mask, bias, alibi_slopes and grouped heads), checked and run in
-        # compiled code (None: the general path)
-        result = _K.attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out,
-                                   kv_lengths, mask, bias, alibi_slopes)
-        if result is not None:
-            return result
+    # the usual call (matching float ndarrays; options in their plain spellings),
+    # checked and run in compiled code (None: the general path below)
+    result = _K.attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out,
+                               kv_lengths, mask, bias, alibi_slopes, return_weights)
+    if result is not None:
+        return result
     q = _as_array(q, "q")
     k = _as_array(k, "k")
     v = _as_array(v, "v")

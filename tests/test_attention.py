@@ -321,10 +321,10 @@ def test_out_plain_call_skips_python_checks(dtype, rng, monkeypatch):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
     """The options a decode loop passes (causal in every spelling, window, softcap,
-    return_lse, out=, kv_lengths, masks, biases, ALiBi slopes, grouped heads) run from the compiled
-    fast path without
-    reaching the general path's Python argument handling, with results and lse
-    bit-identical to the general path's (forced by switching the fast path off),
+    return_lse, return_weights, out=, kv_lengths, masks, biases, ALiBi slopes,
+    grouped heads) run from the compiled fast path without reaching the general
+    path's Python argument handling, with results, weights and lse bit-identical
+    to the general path's (forced by switching the fast path off),
     and within tolerance of the float64 reference.  Spellings the fast path does
     not take (numpy scalars, ints for floats, invalid values) still reach the
     general path: the same results, the same errors."""
@@ -334,7 +334,9 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                dict(causal="bottom_right"), dict(window=3), dict(window=(2, None)),
                dict(window=[None, 1], causal="bottom_right"), dict(window=(0, 0)),
                dict(softcap=5.0), dict(return_lse=True), dict(return_lse=False, scale=0.3),
-               dict(causal="bottom_right", window=(4, 0), softcap=2.5, return_lse=True)]
+               dict(causal="bottom_right", window=(4, 0), softcap=2.5, return_lse=True),
+               dict(return_weights=True), dict(return_weights=True, return_lse=True, causal=True),
+               dict(return_weights=True, window=(2, 1), softcap=3.0, causal="bottom_right")]
 
     def general_path(*a, **kw):
         raise AssertionError("the general path was taken")
@@ -365,7 +367,9 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                            mask=m, window=(3, 1)),
                       dict(alibi_slopes=rng.uniform(0, 2, 2 * n)[::2].reshape(qb),         # strided
                            kv_lengths=np.array(Lk // 2), softcap=4.0, causal=True),
-                      dict(alibi_slopes=np.array(0.25), bias=randn(rng, (Lq, Lk), dtype))]  # 0-d
+                      dict(alibi_slopes=np.array(0.25), bias=randn(rng, (Lq, Lk), dtype)),  # 0-d
+                      dict(alibi_slopes=rng.uniform(0, 1, qb), mask=m, kv_lengths=np.array(Lk - 2),
+                           return_weights=True, return_lse=True)]
         for opts in options + kv_opts + score_opts + alibi_opts:
             with monkeypatch.context() as mp:
                 mp.setattr(api._K, "attention_fast", lambda *a: None)
@@ -375,16 +379,24 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                 got = fastattn.attention(q, k, v, **opts)
                 out = np.full(qb + (Lq, 8), np.nan, dtype)
                 got_out = fastattn.attention(q, k, v, out=out, num_threads=1, **opts)
-            if opts.get("return_lse"):
-                assert got_out[0] is out and got[1].shape == q.shape[:-1] and got[1].dtype == dtype
-                np.testing.assert_array_equal(got[1], want[1])
-                np.testing.assert_array_equal(got_out[1], want[1])
+            if opts.get("return_lse") or opts.get("return_weights"):
+                parts = 1 + bool(opts.get("return_lse")) + bool(opts.get("return_weights"))
+                assert type(got) is tuple and len(got) == len(got_out) == len(want) == parts
+                assert got_out[0] is out
+                if opts.get("return_lse"):
+                    assert got[-1].shape == q.shape[:-1] and got[-1].dtype == dtype
+                if opts.get("return_weights"):
+                    assert got[1].shape == q.shape[:-1] + (Lk,) and got[1].dtype == dtype
+                    assert_close(got[1], R.attention(q, k, v, **opts)[1], dtype)
+                for a, b, w in zip(got[1:], got_out[1:], want[1:]):
+                    np.testing.assert_array_equal(a, w)
+                    np.testing.assert_array_equal(b, w)
                 got, got_out, want = got[0], got_out[0], want[0]
             else:
                 assert got_out is out
             np.testing.assert_array_equal(got, want)
             np.testing.assert_array_equal(got_out, want)
-            ref_opts = {n: o for n, o in opts.items() if n != "return_lse"}
+            ref_opts = {n: o for n, o in opts.items() if n not in ("return_lse", "return_weights")}
             assert_close(got, R.attention(q, k, v, **ref_opts), dtype)
     # not the fast path's spellings: the general path, the same answers and errors
     q = randn(rng, (2, 6, 5, 16), dtype)
@@ -426,6 +438,9 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
             fastattn.attention(q, k, v, causal="bottom_right", softcap=np.float64(2.0), window=(3, 3)), want)
         lse = fastattn.attention(q, k, v, return_lse=1)
         assert isinstance(lse, tuple) and len(lse) == 2
+        w = fastattn.attention(q, k, v, return_weights=np.True_, causal=True)
+        assert isinstance(w, tuple) and len(w) == 2
+        np.testing.assert_array_equal(w[1], fastattn.attention(q, k, v, return_weights=True, causal=True)[1])
         np.testing.assert_array_equal(fastattn.attention(q, k[:, :1], v[:, :1]),
                                       fastattn.attention(q, np.repeat(k[:, :1], 6, axis=1),
                                                          np.repeat(v[:, :1], 6, axis=1)))

@@ -1817,16 +1817,16 @@ cdef bint fast_score_operand(cnp.ndarray x, cnp.ndarray q, int64_t Lk, int typen
 
 
 def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out,
-                   kv_lengths=None, mask=None, bias=None, alibi_slopes=None):
+                   kv_lengths=None, mask=None, bias=None, alibi_slopes=None, return_weights=False):
     """``attention(q, k, v, ...)`` without Python overhead, for the options a decode
     loop passes: scale, causal, window, softcap, return_lse, out, grouped heads,
-    kv_lengths, a boolean mask, a bias, ALiBi slopes.
+    kv_lengths, a boolean mask, a bias, ALiBi slopes (and return_weights).
 
     Taken when q, k, v are ndarrays of one native float dtype with identical batch
     dims (k and v may have fewer heads than q, a divisor of them: grouped-query
     attention), scale and softcap are Python floats (or None), causal is False,
     None, True, "top_left" or "bottom_right", window None, an int or a pair of ints
-    or None, return_lse a bool, kv_lengths (if given) an int32 or int64 ndarray
+    or None, return_lse and return_weights bools, kv_lengths (if given) an int32 or int64 ndarray
     that broadcasts to q's batch dims with every length in [0, Lk], alibi_slopes a
     float32 or float64 ndarray that broadcasts to them, mask (bool) and
     bias (the dtype of q) ndarrays of at least 2 dims that broadcast to q's batch
@@ -1835,7 +1835,7 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
     and the caller takes the general path, which also produces the errors.  Small
     problems run on the calling thread and never ask for a thread count; larger ones
     ask fastattn._threads (which honours num_threads)."""
-    cdef cnp.ndarray qa, ka, va, oa, res, lse = None, kvt = None, slt = None
+    cdef cnp.ndarray qa, ka, va, oa, res, lse = None, kvt = None, slt = None, wts = None
     cdef int nd, d, typenum, code
     cdef Plan P
     cdef cnp.npy_intp dims[64]
@@ -1845,6 +1845,8 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
     if num_threads is not None and (type(num_threads) is not int or not 1 <= num_threads <= 0x7fffffff):
         return None
     if return_lse is not False and return_lse is not True:
+        return None
+    if return_weights is not False and return_weights is not True:
         return None
     if causal is False or causal is None:
         code = CAUSAL_NONE
@@ -1945,13 +1947,18 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
         res = oa
     if return_lse:
         lse = cnp.PyArray_EMPTY(nd - 1, qa.shape, typenum, 0)
+    if return_weights:
+        dims[nd - 1] = ka.shape[nd - 2]
+        wts = cnp.PyArray_EMPTY(nd, dims, typenum, 0)      # q's batch dims + (Lq, Lk)
 
     P.nb = nd - 2
     for d in range(P.nb):
         P.bshape[d] = ka.shape[d]       # the key heads when grouped
     plan_init(&P, qa, ka, va, res, g, sc, code, wl, wr, cap)
-    plan_options(&P, mask, bias, kvt, slt, None, lse)
+    plan_options(&P, mask, bias, kvt, slt, wts, lse)
     plan_run(&P, typenum, num_threads)
+    if return_weights:
+        return (res, wts, lse) if return_lse else (res, wts)
     if return_lse:
         return res, lse
     return res
