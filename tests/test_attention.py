@@ -327,7 +327,8 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
     to the general path's (forced by switching the fast path off),
     and within tolerance of the float64 reference.  Spellings the fast path does
     not take (numpy scalars, ints for floats, invalid values) still reach the
-    general path: the same results, the same errors."""
+    general path: the same results, the same errors.  (numpy float scalars are
+    the fast path's: 1 / np.sqrt(d) is a numpy.float64.)"""
     import fastattn._api as api
     shapes = [((2, 6), (2, 6), 5, 40), ((2, 6), (2, 2), 5, 40), ((6,), (3,), 40, 9), ((1, 4), (1, 2), 1, 33)]
     options = [dict(causal=None), dict(causal=True), dict(causal="top_left"),
@@ -335,6 +336,7 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                dict(window=[None, 1], causal="bottom_right"), dict(window=(0, 0)),
                dict(softcap=5.0), dict(return_lse=True), dict(return_lse=False, scale=0.3),
                dict(causal="bottom_right", window=(4, 0), softcap=2.5, return_lse=True),
+               dict(scale=np.float32(0.3)), dict(softcap=np.float64(4.0), scale=1 / np.sqrt(16)),
                dict(return_weights=True), dict(return_weights=True, return_lse=True, causal=True),
                dict(return_weights=True, window=(2, 1), softcap=3.0, causal="bottom_right")]
 

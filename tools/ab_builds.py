@@ -111,7 +111,7 @@ def make_case(case, rng):
         k, v = (rng.standard_normal((1, hkv, 16, 64), dtype=np.float32) for _ in range(2))
         known = {"plain": {}, "gqa": {}, "br": {"causal": "bottom_right"},
                  "kvlen": {"kv_lengths": np.array([12])}, "lse": {"return_lse": True},
-                 "weights": {"return_weights": True},
+                 "weights": {"return_weights": True}, "npscale": {"scale": 1 / np.sqrt(64)},
                  "window": {"window": (8, 0)}, "softcap": {"softcap": 30.0},
                  "alibi": {"alibi_slopes": np.linspace(0.1, 1, 8)},
                  "mask": {"mask": np.arange(16)[None] < 12},

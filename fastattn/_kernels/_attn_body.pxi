@@ -12,6 +12,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
 from libc.math cimport exp, log, sqrt, isfinite, INFINITY, NAN
 
 cimport numpy as cnp
+import numpy as np
 
 cnp.import_array()
 
@@ -1736,6 +1737,13 @@ cdef inline bint fast_window_side(w, Py_ssize_t *side):
     return True
 
 
+cdef inline bint fast_real(x):
+    """A float the general path's _check_real takes as float(x): a Python float or
+    a subclass of it (numpy.float64, what 1 / np.sqrt(d) gives), or a numpy
+    float32 / float16 scalar.  (Ints and 0-d arrays are left to the general path.)"""
+    return isinstance(x, float) or isinstance(x, (np.float32, np.float16))
+
+
 cdef object fast_batch_table(cnp.ndarray x, cnp.ndarray q, int64_t Lk, int typenum):
     """A per-(batch, query head) option as the contiguous table that the kernels
     read, one entry per batch entry of q in C order over q's batch dims (what the
@@ -1867,7 +1875,7 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
         else:
             return None
     if softcap is not None:
-        if type(softcap) is not float:
+        if not fast_real(softcap):
             return None
         cap = softcap
         if not (isfinite(cap) and cap > 0):
@@ -1896,7 +1904,7 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
         return None
     if scale is None:
         sc = 1.0 / sqrt(<double>qa.shape[nd - 1]) if qa.shape[nd - 1] > 0 else 1.0
-    elif type(scale) is float:
+    elif fast_real(scale):
         sc = scale
         if not isfinite(sc):
             return None
