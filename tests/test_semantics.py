@@ -820,6 +820,38 @@ def test_query_vectorised_strided_keys_and_values(Lq, dtype, rng):
                          what=f"Lq={Lq} k{k.strides} v{v.strides} {opts}")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("Lq", [14, 16, 33, 48, 100, 130])
+def test_query_vectorised_boolean_masks(Lq, dtype, rng):
+    """Boolean masks on the query-vectorised path: the mask block of a tile is
+    transposed (queries to lanes) in blocks of 16 x 16 bytes when the mask's rows
+    are contiguous, element by element otherwise.  Key counts that cut the
+    16-key blocks and the 64-key tiles, row counts that leave lanes empty, every
+    chunk width; masks full, broadcast over heads, one row for every query, a
+    slice of a bigger array (rows further apart, not aligned), Fortran-ordered
+    and strided (the element-wise transpose); with causal and a bias on top.
+    Against the float64 reference, with and without weights."""
+    for Lk in (5, 16, 37, 64, 129):
+        q = randn(rng, (2, 2, Lq, 16), dtype)
+        k = randn(rng, (2, 2, Lk, 16), dtype)
+        v = randn(rng, (2, 2, Lk, 8), dtype)
+        full = rng.random((2, 2, Lq, Lk)) < 0.5
+        full[..., 1, :] = False                                   # a row that sees nothing
+        full[..., 2, :] = True
+        big = rng.random((Lq, Lk + 19)) < 0.3
+        masks = {"full": full, "heads": full[:, :1], "one row": full[0, 0, :1],
+                 "slice": big[:, 3:Lk + 3], "fortran": np.asfortranarray(full[0, 1]),
+                 "strided": (rng.random((Lq, 2 * Lk)) < 0.5)[:, ::2]}
+        for name, m in masks.items():
+            for opts in (dict(), dict(causal="bottom_right", bias=randn(rng, (Lq, Lk), dtype))):
+                what = f"Lq={Lq} Lk={Lk} mask {name} {sorted(opts)}"
+                out, w = fastattn.attention(q, k, v, mask=m, return_weights=True, **opts)
+                want, want_w = R.attention(q, k, v, mask=m, return_weights=True, **opts)
+                assert_close(out, want, dtype, what=what)
+                assert_close(w, want_w, dtype, what=what)
+                assert_close(fastattn.attention(q, k, v, mask=m, **opts), want, dtype, what=what)
+
+
 @pytest.mark.parametrize("Lq", [3, 8, 16, 64, 80])
 def test_weights_of_nan_rows_are_all_nan(Lq, rng):
     """A row whose scores hold NaN has NaN weights for every key, the keys it

@@ -141,6 +141,28 @@
 #  define FA_VMAX_d(a, b) fa_select_d((a) > (b), (a), (b))
 #endif
 
+#if FA_HAVE_SHUFFLE
+/* 16 rows of 16 bytes, transposed in place: four rounds of interleaving row i
+ * with row i + 8 byte by byte (after round s, byte b of row r holds element
+ * (b's and r's index bits rotated by s)), 64 two-source byte shuffles
+ * (punpck{l,h}bw) for 256 bytes instead of 256 scalar loads and stores.  The
+ * boolean mask of the query-vectorised path: rows are queries, columns keys. */
+typedef uint8_t fa_u8x16 __attribute__((vector_size(16)));
+static inline __attribute__((always_inline)) void fa_transpose_u8x16(fa_u8x16 *r)
+{
+    const fa_u8x16 lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+    const fa_u8x16 hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    FA_UNROLL for (int s = 0; s < 4; s++) {
+        fa_u8x16 n[16];
+        FA_UNROLL for (int i = 0; i < 8; i++) {
+            n[2 * i] = __builtin_shuffle(r[i], r[i + 8], lo);
+            n[2 * i + 1] = __builtin_shuffle(r[i], r[i + 8], hi);
+        }
+        FA_UNROLL for (int i = 0; i < 16; i++) r[i] = n[i];
+    }
+}
+#endif
+
 /* 64-byte aligned allocation (not zeroed); NULL on failure.  The original
  * pointer is stored just before the aligned block so fa_free can release it. */
 static inline void *fa_alloc(size_t nbytes)

@@ -1059,6 +1059,32 @@ static inline void FA_SFX(fa_tmask_chunk)(FA_T *st, int64_t lds, int64_t j0, int
 #undef FA_TMASK
 }
 
+/* W bytes, zero-extended to the W lanes of an integer vector: one vpmovzxb{d,q}
+ * where the ISA has it (GCC lowers __builtin_convertvector between vectors of
+ * different sizes, and a loop of element inserts, to a vpinsr per lane). */
+static inline FA_VI FA_SFX(fa_widen_bytes)(const uint8_t *b)
+{
+#if FA_VBYTES == 64 && defined(__AVX512F__)
+#  ifdef FA_DOUBLE
+    return (FA_VI)_mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)b));
+#  else
+    return (FA_VI)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
+#  endif
+#elif FA_VBYTES == 32 && defined(__AVX2__)
+#  ifdef FA_DOUBLE
+    int32_t w;
+    memcpy(&w, b, sizeof w);
+    return (FA_VI)_mm256_cvtepu8_epi64(_mm_cvtsi32_si128(w));
+#  else
+    return (FA_VI)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b));
+#  endif
+#else
+    FA_VI k;
+    for (int l = 0; l < FA_W; l++) k[l] = b[l];
+    return k;
+#endif
+}
+
 /* St[j][lane] = -inf where the boolean mask says the lane's query may not see key
  * t0+j.  mrows[lane] points at the lane's mask row (column 0), columns sc bytes
  * apart; lanes >= nl are left alone (padding lanes are masked by their empty
@@ -1071,6 +1097,42 @@ FA_SFX(fa_tmask_bool_nv)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t 
 {
     const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
     const int64_t cw = (int64_t)nv * FA_W;
+#if FA_HAVE_SHUFFLE
+    if (sc == 1) {
+        /* contiguous mask rows: blocks of 16 lanes x 16 keys, loaded as 16 rows
+         * of 16 bytes and transposed in registers (a partial block: the missing
+         * keys are zero bytes, never stored; lanes past nl keep everything) */
+        const fa_u8x16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+        for (int64_t L0 = 0; L0 < cw; L0 += 16) {
+            const int64_t nlb = cw - L0 < 16 ? cw - L0 : 16;
+            for (int64_t J0 = j0; J0 < j1; J0 += 16) {
+                const int64_t nk = j1 - J0 < 16 ? j1 - J0 : 16;
+                fa_u8x16 r[16];
+                for (int l = 0; l < 16; l++) {
+                    if (L0 + l < nl) {
+                        const uint8_t *m = mrows[L0 + l] + t0 + J0;
+                        if (nk == 16) {
+                            memcpy(&r[l], m, 16);
+                        } else {
+                            r[l] = ones - ones;
+                            memcpy(&r[l], m, (size_t)nk);
+                        }
+                    } else {
+                        r[l] = ones;
+                    }
+                }
+                fa_transpose_u8x16(r);
+                for (int64_t jj = 0; jj < nk; jj++) {
+                    uint8_t *dst = tbuf + (J0 + jj - j0) * cw + L0;
+                    if (nlb == 16)
+                        memcpy(dst, &r[jj], 16);
+                    else
+                        memcpy(dst, &r[jj], (size_t)nlb);
+                }
+            }
+        }
+    } else
+#endif
     for (int64_t i = 0; i < cw; i++) {
         uint8_t *col = tbuf + i;
         if (i < nl) {
@@ -1083,8 +1145,7 @@ FA_SFX(fa_tmask_bool_nv)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t 
     for (int64_t j = j0; j < j1; j++) {
         const uint8_t *row = tbuf + (j - j0) * cw;
         FA_UNROLL for (int v = 0; v < nv; v++) {
-            FA_VI keep;
-            for (int l = 0; l < FA_W; l++) keep[l] = row[v * FA_W + l];
+            const FA_VI keep = FA_SFX(fa_widen_bytes)(row + v * FA_W);
             FA_T *p = st + j * lds + v * FA_W;
             FA_SFX(fa_store)(p, FA_SFX(fa_select)(keep != 0, FA_SFX(fa_load)(p), ninf));
         }
