@@ -59,6 +59,8 @@ cdef extern from "simd.h" nogil:
     void fa_row_shift_d(const double *x, double *y, int64_t n, double a)
     void fa_row_softcap_f(float *x, int64_t n, float c)
     void fa_row_softcap_d(double *x, int64_t n, double c)
+    void fa_row_mask_bool_f(float *x, const uint8_t *m, int64_t n)
+    void fa_row_mask_bool_d(double *x, const uint8_t *m, int64_t n)
     void fa_qk_block_f(const float *qp, int64_t ldq, const float *kt, int64_t D,
                        float *s, int64_t lds, int64_t c0, int64_t c1)
     void fa_qk_block_d(const double *qp, int64_t ldq, const double *kt, int64_t D,
@@ -659,9 +661,15 @@ cdef void apply_score_options(const Plan *P, floating *srow, int64_t i, int64_t 
             srow[j] -= slope * d
     if P.has_mask:
         mask = (<const uint8_t *>P.mask.base) + moff
-        for j in range(a, e):
-            if not mask[(t0 + j) * P.mask.sc]:
-                srow[j] = -INFINITY
+        if P.mask.sc == 1:
+            if floating is float:
+                fa_row_mask_bool_f(srow + a, mask + t0 + a, e - a)
+            else:
+                fa_row_mask_bool_d(srow + a, mask + t0 + a, e - a)
+        else:
+            for j in range(a, e):
+                if not mask[(t0 + j) * P.mask.sc]:
+                    srow[j] = -INFINITY
 
 
 cdef inline void rows_key_span(const Workspace *ws, int64_t i0, int64_t i1, int64_t t0, int64_t n,

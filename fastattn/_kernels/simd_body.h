@@ -1085,6 +1085,19 @@ static inline FA_VI FA_SFX(fa_widen_bytes)(const uint8_t *b)
 #endif
 }
 
+/* x[j] = -inf where m[j] is 0 (a row's boolean mask over contiguous bytes),
+ * without branches: a random mask would mispredict half of them. */
+static inline void FA_SFX(fa_row_mask_bool)(FA_T *x, const uint8_t *m, int64_t n)
+{
+    const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
+    int64_t j = 0;
+    for (; j + FA_W <= n; j += FA_W)
+        FA_SFX(fa_store)(x + j, FA_SFX(fa_select)(FA_SFX(fa_widen_bytes)(m + j) != 0,
+                                                  FA_SFX(fa_load)(x + j), ninf));
+    for (; j < n; j++)
+        if (!m[j]) x[j] = -(FA_T)INFINITY;
+}
+
 /* St[j][lane] = -inf where the boolean mask says the lane's query may not see key
  * t0+j.  mrows[lane] points at the lane's mask row (column 0), columns sc bytes
  * apart; lanes >= nl are left alone (padding lanes are masked by their empty
