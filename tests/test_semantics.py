@@ -852,6 +852,42 @@ def test_query_vectorised_boolean_masks(Lq, dtype, rng):
                 assert_close(fastattn.attention(q, k, v, mask=m, **opts), want, dtype, what=what)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("Lq", [14, 16, 33, 100, 130])
+def test_query_vectorised_bias_and_alibi(Lq, dtype, rng):
+    """Biases and ALiBi slopes on the query-vectorised path: a bias with contiguous
+    rows is added in W x W register-transposed blocks, the ALiBi distance is
+    computed per vector of lanes; other biases element by element, and ALiBi after
+    them the same way.  Key counts that cut the blocks and tiles, row counts that
+    leave lanes empty, grouped heads (a slope per query head), bottom-right
+    positions (negative when Lq > Lk); biases full, broadcast, a slice of a bigger
+    array, Fortran-ordered and strided.  Against the float64 reference."""
+    for Lk in (5, 16, 37, 129):
+        q = randn(rng, (2, 4, Lq, 16), dtype)
+        k = randn(rng, (2, 2, Lk, 16), dtype)
+        v = randn(rng, (2, 2, Lk, 8), dtype)
+        big = randn(rng, (Lq, Lk + 7), dtype)
+        biases = {"full": randn(rng, (2, 4, Lq, Lk), dtype), "heads": randn(rng, (2, 1, Lq, Lk), dtype),
+                  "row": randn(rng, (1, Lk), dtype), "slice": big[:, 5:Lk + 5],
+                  "fortran": np.asfortranarray(randn(rng, (Lq, Lk), dtype)),
+                  "strided": randn(rng, (Lq, 2 * Lk), dtype)[:, ::2]}
+        slopes = rng.uniform(0.05, 1.5, (2, 4))
+        for name, bias in biases.items():
+            for opts in (dict(bias=bias), dict(bias=bias, alibi_slopes=slopes),
+                         dict(bias=bias, alibi_slopes=slopes[0], causal="bottom_right"),
+                         dict(bias=bias, alibi_slopes=slopes, window=(7, 3), mask=rng.random((Lq, Lk)) < 0.8)):
+                what = f"Lq={Lq} Lk={Lk} bias {name} {sorted(opts)}"
+                assert_close(fastattn.attention(q, k, v, **opts), R.attention(q, k, v, **opts), dtype, what=what)
+        for opts in (dict(alibi_slopes=slopes), dict(alibi_slopes=slopes[1], causal="bottom_right"),
+                     dict(alibi_slopes=np.array(0.7), causal=True, softcap=3.0)):
+            what = f"Lq={Lq} Lk={Lk} {sorted(opts)}"
+            out, w = fastattn.attention(q, k, v, return_weights=True, **opts)
+            want, want_w = R.attention(q, k, v, return_weights=True, **opts)
+            assert_close(out, want, dtype, what=what)
+            assert_close(w, want_w, dtype, what=what)
+            assert_close(fastattn.attention(q, k, v, **opts), want, dtype, what=what)
+
+
 @pytest.mark.parametrize("Lq", [3, 8, 16, 64, 80])
 def test_weights_of_nan_rows_are_all_nan(Lq, rng):
     """A row whose scores hold NaN has NaN weights for every key, the keys it

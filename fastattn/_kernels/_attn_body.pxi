@@ -61,6 +61,12 @@ cdef extern from "simd.h" nogil:
     void fa_row_softcap_d(double *x, int64_t n, double c)
     void fa_row_mask_bool_f(float *x, const uint8_t *m, int64_t n)
     void fa_row_mask_bool_d(double *x, const uint8_t *m, int64_t n)
+    void fa_tbias_f(float *st, int64_t lds, int64_t j0, int64_t j1, const float *const *brows, int64_t ni)
+    void fa_tbias_d(double *st, int64_t lds, int64_t j0, int64_t j1, const double *const *brows, int64_t ni)
+    void fa_talibi_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0, const float *slopes,
+                     const int64_t *goff, const int64_t *pos, int64_t ni, int nv)
+    void fa_talibi_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0, const double *slopes,
+                     const int64_t *goff, const int64_t *pos, int64_t ni, int nv)
     void fa_qk_block_f(const float *qp, int64_t ldq, const float *kt, int64_t D,
                        float *s, int64_t lds, int64_t c0, int64_t c1)
     void fa_qk_block_d(const double *qp, int64_t ldq, const double *kt, int64_t D,
@@ -902,21 +908,46 @@ cdef void apply_score_options_t(const Plan *P, const Workspace *ws, floating *st
     cdef floating *lane
     cdef const floating *brow
     cdef const uint8_t *mrows[64]       # one chunk of lanes (at most 64)
+    cdef const floating *brows[64]
     cdef floating slope, dist
+    cdef int nv = <int>(nlanes // (FA_VBYTES // sizeof(floating)))
+    cdef int fast_bias = P.has_bias and P.bias.sc == 1
+    # ALiBi distances computed in floating point are exact below 2^22 (float);
+    # after a bias applied element by element, ALiBi follows it the same way (the
+    # order of the two updates is the row-major path's)
+    cdef int fast_alibi = (P.has_alibi and (floating is double or P.Lq + P.Lk < 4194304)
+                           and (fast_bias or not P.has_bias))
     if P.softcap > 0:
         for j in range(j0, j1):
             row_softcap(st + j * ld, nlanes, <floating>P.softcap)
-    if P.has_bias or P.has_alibi:
+    if fast_bias:
+        for i in range(ni):
+            r = i0 + i
+            grp = ws.goff[r]
+            brows[i] = ((<const floating *>P.bias.base) + bbo + grp * P.bias.sg
+                        + (r0 + r - grp * P.Lq) * P.bias.sr + t0)
+        if floating is float:
+            fa_tbias_f(st, ld, j0, j1, brows, ni)
+        else:
+            fa_tbias_d(st, ld, j0, j1, brows, ni)
+    if fast_alibi:
+        if floating is float:
+            fa_talibi_f(st, ld, j0, j1, t0, (<const float *>P.slopes) + b * P.g, ws.goff + i0,
+                        ws.pos + i0, ni, nv)
+        else:
+            fa_talibi_d(st, ld, j0, j1, t0, (<const double *>P.slopes) + b * P.g, ws.goff + i0,
+                        ws.pos + i0, ni, nv)
+    if (P.has_bias and not fast_bias) or (P.has_alibi and not fast_alibi):
         for i in range(ni):
             r = i0 + i
             lane = st + i
             grp = ws.goff[r]
             pos = r0 + r - grp * P.Lq
-            if P.has_bias:
+            if P.has_bias and not fast_bias:
                 brow = (<const floating *>P.bias.base) + bbo + grp * P.bias.sg + pos * P.bias.sr
                 for j in range(j0, j1):
                     lane[j * ld] += brow[(t0 + j) * P.bias.sc]
-            if P.has_alibi:
+            if P.has_alibi and not fast_alibi:
                 slope = (<const floating *>P.slopes)[b * P.g + grp]
                 p = ws.pos[r]
                 for j in range(j0, j1):
@@ -929,8 +960,7 @@ cdef void apply_score_options_t(const Plan *P, const Workspace *ws, floating *st
             r = i0 + i
             grp = ws.goff[r]
             mrows[i] = (<const uint8_t *>P.mask.base) + mbo + grp * P.mask.sg + (r0 + r - grp * P.Lq) * P.mask.sr
-        tmask_bool_chunk(st, ld, j0, j1, t0, mrows, ni, P.mask.sc, <uint8_t *>ws.mtb,
-                         <int>(nlanes // (FA_VBYTES // sizeof(floating))))
+        tmask_bool_chunk(st, ld, j0, j1, t0, mrows, ni, P.mask.sc, <uint8_t *>ws.mtb, nv)
 
 
 cdef inline void prefetch_tile(const Plan *P, const floating *kbase, const floating *vbase,

@@ -1085,6 +1085,61 @@ static inline FA_VI FA_SFX(fa_widen_bytes)(const uint8_t *b)
 #endif
 }
 
+/* St[j][i] += B_i[j] for lanes i < ni and keys j in [j0, j1) of the
+ * query-vectorised path, B_i = brows[i] the lane's bias row (elements
+ * contiguous, indexed by tile key).  W x W blocks go through registers (W row
+ * loads, a transpose, W vector adds) instead of W*W strided scalar updates;
+ * the same single add per element, so the same bits. */
+static inline void FA_SFX(fa_tbias)(FA_T *st, int64_t lds, int64_t j0, int64_t j1,
+                                    const FA_T *const *brows, int64_t ni)
+{
+    int64_t i0 = 0;
+#if FA_HAVE_SHUFFLE
+    for (; i0 + FA_W <= ni; i0 += FA_W) {
+        int64_t j = j0;
+        for (; j + FA_W <= j1; j += FA_W) {
+            FA_V r[FA_W];
+            FA_UNROLL for (int i = 0; i < FA_W; i++) r[i] = FA_SFX(fa_load)(brows[i0 + i] + j);
+            FA_SFX(fa_transpose)(r);
+            FA_UNROLL for (int k = 0; k < FA_W; k++) {
+                FA_T *p = st + (j + k) * lds + i0;
+                FA_SFX(fa_store)(p, FA_SFX(fa_load)(p) + r[k]);
+            }
+        }
+        for (; j < j1; j++)
+            for (int64_t i = i0; i < i0 + FA_W; i++) st[j * lds + i] += brows[i][j];
+    }
+#endif
+    for (int64_t i = i0; i < ni; i++)
+        for (int64_t j = j0; j < j1; j++) st[j * lds + i] += brows[i][j];
+}
+
+/* ALiBi on the query-vectorised path: St[j][i] -= slope_i * |pos_i - (t0 + j)|
+ * over lanes [0, nv * W) (lanes past ni get slope 0: padding lanes, masked
+ * later) and keys [j0, j1).  slopes: the batch entry's table (one per group),
+ * goff / pos: each lane's group and diagonal position.  The distance is exact
+ * in FA_T while positions and keys stay below 2^22 (float; the caller checks). */
+static inline void FA_SFX(fa_talibi)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                                     const FA_T *slopes, const int64_t *goff, const int64_t *pos,
+                                     int64_t ni, int nv)
+{
+    FA_T sl[FA_T_NV * FA_W] __attribute__((aligned(FA_ALIGN)));
+    FA_T ps[FA_T_NV * FA_W] __attribute__((aligned(FA_ALIGN)));
+    for (int64_t i = 0; i < (int64_t)nv * FA_W; i++) {
+        sl[i] = i < ni ? slopes[goff[i]] : 0;
+        ps[i] = i < ni ? (FA_T)pos[i] : 0;
+    }
+    for (int v = 0; v < nv; v++) {
+        const FA_V sv = FA_SFX(fa_load)(sl + v * FA_W), pv = FA_SFX(fa_load)(ps + v * FA_W);
+        for (int64_t j = j0; j < j1; j++) {
+            FA_V d = pv - FA_SFX(fa_set1)((FA_T)(t0 + j));
+            d = FA_SFX(fa_select)(d < 0, -d, d);
+            FA_T *p = st + j * lds + v * FA_W;
+            FA_SFX(fa_store)(p, FA_SFX(fa_load)(p) - sv * d);
+        }
+    }
+}
+
 /* x[j] = -inf where m[j] is 0 (a row's boolean mask over contiguous bytes),
  * without branches: a random mask would mispredict half of them. */
 static inline void FA_SFX(fa_row_mask_bool)(FA_T *x, const uint8_t *m, int64_t n)
