@@ -1870,13 +1870,13 @@ def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_thre
 
     Taken when q, k, v are ndarrays of one native float dtype with identical batch
     dims (k and v may have fewer heads than q, a divisor of them: grouped-query
-    attention), scale and softcap are Python floats (or None), causal is False,
-    None, True, "top_left" or "bottom_right", window None, an int or a pair of ints
-    or None, return_lse and return_weights bools, kv_lengths (if given) an int32 or int64 ndarray
-    that broadcasts to q's batch dims with every length in [0, Lk], alibi_slopes a
-    float32 or float64 ndarray that broadcasts to them, mask (bool) and
-    bias (the dtype of q) ndarrays of at least 2 dims that broadcast to q's batch
-    dims + (Lq, Lk), and out (if given) a writeable, aligned array of that dtype and
+    attention), scale and softcap are floats (or None) as fast_real takes them,
+    causal is False, None, True, "top_left" or "bottom_right", window None, an int
+    or a pair of ints or None, return_lse and return_weights bools, kv_lengths (if
+    given) an int32 or int64 ndarray that broadcasts to q's batch dims with every
+    length in [0, Lk], alibi_slopes a float32 or float64 ndarray that broadcasts
+    to them, mask (bool) and bias (the dtype of q) ndarrays of at least 2 dims
+    that broadcast to q's batch dims + (Lq, Lk), and out (if given) a writeable, aligned array of that dtype and
     the output's shape that overlaps none of them.  Returns None for anything else,
     and the caller takes the general path, which also produces the errors.  Small
     problems run on the calling thread and never ask for a thread count; larger ones
