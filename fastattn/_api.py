@@ -173,55 +173,56 @@ def _score_operand(x, name, full_shape):
 
 # ---------------------------------------------------------------- attention
 
-def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
-              kv_lengths=None, softcap=None, alibi_slopes=None, return_weights=False,
-              return_lse=False, out=None, num_threads=None):
-    """Exact scaled dot-product attention, ``softmax(q @ kᵀ * scale + ...) @ v``.
+_ATTENTION_DOC = """Exact scaled dot-product attention, ``softmax(q @ kᵀ * scale + ...) @ v``.
 
-    Parameters
-    ----------
-    q : array_like, shape (..., Lq, Dk)
-    k : array_like, shape (..., Lk, Dk)
-    v : array_like, shape (..., Lk, Dv)
-        Leading (batch) dims broadcast by NumPy rules without copies.  When the
-        head axis (-3) of ``q`` is g > 1 times that of ``k``/``v``, query head h
-        uses key/value head h // g (grouped-query attention).
-    scale : float, optional
-        Multiplies the scores; default ``1 / sqrt(Dk)``.
-    causal : {False, True, "top_left", "bottom_right"}
-        ``True``/"top_left": query i sees keys j <= i.  "bottom_right": query i
-        sees keys j <= i + Lk_eff - Lq (KV-cache alignment).
-    mask : bool array broadcastable to (..., Lq, Lk), optional
-        True where a query may attend to a key.
-    bias : float array broadcastable to (..., Lq, Lk), optional
-        Added to the (scaled, soft-capped) scores.
-    window : int or (left, right), optional
-        Key j is visible iff p(i) - left <= j <= p(i) + right (None = unbounded).
-    kv_lengths : int array broadcastable to the batch dims, optional
-        Keys j >= length are invisible.
-    softcap : float > 0, optional
-        Scores s become softcap * tanh(s / softcap) before bias and masking.
-    alibi_slopes : float array broadcastable to the batch dims, optional
-        Adds -slope * |p(i) - j| to each score.
-    return_weights, return_lse : bool
-        Also return the attention weights (..., Lq, Lk) and the log-sum-exp of
-        each row (..., Lq).
-    out : ndarray, optional
-        Written in place and returned; exactly the result's shape and dtype.
-    num_threads : int, optional
-        Threads for this call (default: ``fastattn.get_num_threads()``).
+Parameters
+----------
+q : array_like, shape (..., Lq, Dk)
+k : array_like, shape (..., Lk, Dk)
+v : array_like, shape (..., Lk, Dv)
+    Leading (batch) dims broadcast by NumPy rules without copies.  When the
+    head axis (-3) of ``q`` is g > 1 times that of ``k``/``v``, query head h
+    uses key/value head h // g (grouped-query attention).
+scale : float, optional
+    Multiplies the scores; default ``1 / sqrt(Dk)``.
+causal : {False, True, "top_left", "bottom_right"}
+    ``True``/"top_left": query i sees keys j <= i.  "bottom_right": query i
+    sees keys j <= i + Lk_eff - Lq (KV-cache alignment).
+mask : bool array broadcastable to (..., Lq, Lk), optional
+    True where a query may attend to a key.
+bias : float array broadcastable to (..., Lq, Lk), optional
+    Added to the (scaled, soft-capped) scores.
+window : int or (left, right), optional
+    Key j is visible iff p(i) - left <= j <= p(i) + right (None = unbounded).
+kv_lengths : int array broadcastable to the batch dims, optional
+    Keys j >= length are invisible.
+softcap : float > 0, optional
+    Scores s become softcap * tanh(s / softcap) before bias and masking.
+alibi_slopes : float array broadcastable to the batch dims, optional
+    Adds -slope * |p(i) - j| to each score.
+return_weights, return_lse : bool
+    Also return the attention weights (..., Lq, Lk) and the log-sum-exp of
+    each row (..., Lq).
+out : ndarray, optional
+    Written in place and returned; exactly the result's shape and dtype.
+num_threads : int, optional
+    Threads for this call (default: ``fastattn.get_num_threads()``).
 
-    Returns
-    -------
-    out, or the tuple (out, weights, lse) with only the parts asked for.
-    A query row that sees no key gives output 0, weights 0 and lse -inf.
-    """
-    # the usual call (matching float ndarrays; options in their plain spellings),
-    # checked and run in compiled code (None: the general path below)
-    result = _K.attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out,
-                               kv_lengths, mask, bias, alibi_slopes, return_weights)
-    if result is not None:
-        return result
+Returns
+-------
+out, or the tuple (out, weights, lse) with only the parts asked for.
+A query row that sees no key gives output 0, weights 0 and lse -inf.
+"""
+
+
+def _attention_general(q, k, v, scale=None, causal=False, mask=None, bias=None, window=None,
+                       kv_lengths=None, softcap=None, alibi_slopes=None, return_weights=False,
+                       return_lse=False, out=None, num_threads=None):
+    """attention()'s general path: array-likes, dtype promotion and conversion,
+    broadcast batch dims, every error message.  ``fastattn.attention`` is the
+    compiled ``_K.attention``, which calls this for every call its fast path
+    (``_K.attention_fast``'s checks: matching float ndarrays, options in their plain
+    spellings) declines; the arguments come positionally, in this order."""
     q = _as_array(q, "q")
     k = _as_array(k, "k")
     v = _as_array(v, "v")
@@ -321,6 +322,10 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     return tuple(parts)
 
 
+_K.set_general_attention(_attention_general)
+attention = _K.attention
+attention.__doc__ = _ATTENTION_DOC
+attention.__module__ = "fastattn"
 scaled_dot_product_attention = attention
 
 

@@ -318,13 +318,48 @@ def test_out_plain_call_skips_python_checks(dtype, rng, monkeypatch):
     np.testing.assert_array_equal(ro, 0)
 
 
+def test_attention_is_one_documented_function(rng):
+    """fastattn.attention is compiled (the ISA module's ``attention``) but behaves as
+    the documented Python function: docstring, keyword-only signature, module name,
+    pickling by reference, positional extras refused, unknown keywords refused, and
+    the general path reached for what the fast path declines."""
+    import inspect
+    import pickle
+
+    import fastattn._api as api
+    f = fastattn.attention
+    assert f is fastattn.scaled_dot_product_attention is api._K.attention
+    assert f.__doc__.startswith("Exact scaled dot-product attention") and "num_threads" in f.__doc__
+    assert f.__module__ == "fastattn"
+    assert pickle.loads(pickle.dumps(f)) is f
+    params = inspect.signature(f).parameters
+    assert list(params)[:3] == ["q", "k", "v"]
+    assert all(p.kind is p.KEYWORD_ONLY for p in list(params.values())[3:]) and len(params) == 15
+    assert params["causal"].default is False and params["scale"].default is None
+    q = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    with pytest.raises(TypeError):
+        f(q, q, q, 0.5)                       # scale is keyword-only
+    with pytest.raises(TypeError):
+        f(q, q, q, sclae=0.5)
+    with pytest.raises(TypeError):
+        f(q, q)
+    # declined by the fast path (a list, float16, int scale): the general path's answers
+    got = f(q.tolist(), q, q, scale=1)
+    assert got.dtype == np.float64                 # a list of floats promotes like numpy
+    np.testing.assert_array_equal(got, api._attention_general(q.tolist(), q, q, 1.0))
+    assert_close(got, fastattn.reference.attention(q, q, q, scale=1.0), np.float64)
+    h = f(q.astype(np.float16), q.astype(np.float16), q.astype(np.float16), scale=1.0)
+    assert h.dtype == np.float16
+    assert_close(h, fastattn.reference.attention(q, q, q, scale=1.0), np.float16)
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
     """The options a decode loop passes (causal in every spelling, window, softcap,
     return_lse, return_weights, out=, kv_lengths, masks, biases, ALiBi slopes,
     grouped heads) run from the compiled fast path without reaching the general
     path's Python argument handling, with results, weights and lse bit-identical
-    to the general path's (forced by switching the fast path off),
+    to the general path's (called directly, api._attention_general),
     and within tolerance of the float64 reference.  Spellings the fast path does
     not take (numpy scalars, ints for floats, invalid values) still reach the
     general path: the same results, the same errors.  (numpy float scalars are
@@ -343,7 +378,6 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
     def general_path(*a, **kw):
         raise AssertionError("the general path was taken")
 
-    fast = api._K.attention_fast
     for qb, kb, Lq, Lk in shapes:
         q = randn(rng, qb + (Lq, 16), dtype)
         k = randn(rng, kb + (Lk, 16), dtype)
@@ -373,9 +407,7 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                       dict(alibi_slopes=rng.uniform(0, 1, qb), mask=m, kv_lengths=np.array(Lk - 2),
                            return_weights=True, return_lse=True)]
         for opts in options + kv_opts + score_opts + alibi_opts:
-            with monkeypatch.context() as mp:
-                mp.setattr(api._K, "attention_fast", lambda *a: None)
-                want = fastattn.attention(q, k, v, **opts)
+            want = api._attention_general(q, k, v, **opts)
             with monkeypatch.context() as mp:
                 mp.setattr(api, "_as_array", general_path)
                 got = fastattn.attention(q, k, v, **opts)
@@ -405,14 +437,15 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
     k = randn(rng, (2, 2, 40, 16), dtype)
     v = randn(rng, (2, 2, 40, 8), dtype)
     calls = 0
+    as_array = api._as_array
 
     def counting(*a):
         nonlocal calls
         calls += 1
-        return fast(*a)
+        return as_array(*a)
 
     with monkeypatch.context() as mp:
-        mp.setattr(api._K, "attention_fast", counting)
+        mp.setattr(api, "_as_array", counting)
         want = fastattn.attention(q, k, v, causal="bottom_right", softcap=2.0, window=3)
         for kw in (dict(causal=np.True_), dict(softcap=2), dict(window=np.int64(3)), dict(scale=1)):
             fastattn.attention(q, k, v, **kw)

@@ -887,9 +887,12 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
             lse_i = stats[i]
         elif l[i] > 0 or l[i] != l[i]:
             inv = <floating>(1.0 / l[i])
-            for c in range(Dv):
-                orow[c * P.o.sc] = o[i * dvp + c] * inv
-            lse_i = <floating>(m[i] + log(l[i]))
+            if P.o.sc == 1:
+                row_scale(o + i * dvp, orow, Dv, inv)
+            else:
+                for c in range(Dv):
+                    orow[c * P.o.sc] = o[i * dvp + c] * inv
+            lse_i = <floating>(m[i] + log(l[i])) if P.want_lse else 0
         else:
             for c in range(Dv):
                 orow[c * P.o.sc] = 0
@@ -1862,8 +1865,43 @@ cdef bint fast_score_operand(cnp.ndarray x, cnp.ndarray q, int64_t Lk, int typen
     return True
 
 
+_general_attention = None
+
+
+def set_general_attention(f):
+    """The general path of attention() (fastattn._api._attention_general): called
+    with (q, k, v, scale, causal, mask, bias, window, kv_lengths, softcap,
+    alibi_slopes, return_weights, return_lse, out, num_threads) for every call the
+    compiled fast path declines."""
+    global _general_attention
+    _general_attention = f
+
+
+def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
+              kv_lengths=None, softcap=None, alibi_slopes=None, return_weights=False,
+              return_lse=False, out=None, num_threads=None):
+    # fastattn.attention itself (its docstring is set by fastattn._api).  Compiled
+    # so that a call costs no Python frame: a Python function fills each of these
+    # twelve keyword-only defaults with a dict lookup (about a fifth of a tiny
+    # call).  The compiled fast path first, the general path for anything else.
+    result = attention_fast_impl(q, k, v, scale, causal, window, softcap, return_lse, num_threads,
+                                 out, kv_lengths, mask, bias, alibi_slopes, return_weights)
+    if result is not None:
+        return result
+    return _general_attention(q, k, v, scale, causal, mask, bias, window, kv_lengths, softcap,
+                              alibi_slopes, return_weights, return_lse, out, num_threads)
+
+
 def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out,
                    kv_lengths=None, mask=None, bias=None, alibi_slopes=None, return_weights=False):
+    """The compiled fast path of attention() alone: its result, or None where the
+    general path is needed (see attention_fast_impl)."""
+    return attention_fast_impl(q, k, v, scale, causal, window, softcap, return_lse, num_threads,
+                               out, kv_lengths, mask, bias, alibi_slopes, return_weights)
+
+
+cdef object attention_fast_impl(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out,
+                                kv_lengths, mask, bias, alibi_slopes, return_weights):
     """``attention(q, k, v, ...)`` without Python overhead, for the options a decode
     loop passes: scale, causal, window, softcap, return_lse, out, grouped heads,
     kv_lengths, a boolean mask, a bias, ALiBi slopes (and return_weights).
