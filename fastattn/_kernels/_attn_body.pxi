@@ -356,6 +356,8 @@ cdef inline int block_nonfinite(const floating *x, int64_t rows, int64_t cols, i
 
 
 cdef inline int64_t round_up(int64_t x, int64_t m) noexcept nogil:
+    if m & (m - 1) == 0:        # a power of two (every call but a few): no division
+        return (x + m - 1) & -m
     return (x + m - 1) // m * m
 
 
@@ -544,17 +546,21 @@ cdef void setup_rows(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
         ws.hi[i] = hi
 
 
-cdef void pack_q(const Plan *P, Workspace *ws, floating *qbase, int64_t nr) noexcept nogil:
-    """Qp[i, :] = scale * q[row i, :], rows padded with zeros to whole blocks."""
+cdef void pack_q(const Plan *P, Workspace *ws, floating *qbase, int64_t nr, int64_t pad) noexcept nogil:
+    """Qp[i, :] = scale * q[row i, :], then zero rows up to pad (the QK kernels'
+    whole blocks)."""
     cdef floating *qp = <floating *>ws.qp
     cdef floating scale = <floating>P.scale
     cdef int64_t i, d, Dk = P.Dk, sc = P.q.sc
     cdef floating *src
     for i in range(nr):
         src = qbase + ws.qoff[i]
-        for d in range(Dk):
-            qp[i * Dk + d] = src[d * sc] * scale
-    for i in range(nr * Dk, rows_alloc(nr) * Dk):
+        if sc == 1:
+            row_scale(src, qp + i * Dk, Dk, scale)
+        else:
+            for d in range(Dk):
+                qp[i * Dk + d] = src[d * sc] * scale
+    for i in range(nr * Dk, pad * Dk):
         qp[i] = 0
 
 
@@ -744,11 +750,19 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     cdef int64_t Rq = round_up(nr, FA_QK_MR), Rp = round_up(nr, FA_PV_MR)
 
     setup_rows(P, ws, b, r0, nr, kb, ke, &lo_all, &hi_all)
-    pack_q(P, ws, (<floating *>P.q.base) + qb, nr)
-    # The P.V kernel runs whole blocks of FA_PV_MR rows, so it also reads the
-    # probability rows nr..Rp-1, which the QK kernel may never write: zeros, not
-    # whatever the workspace held (subnormal garbage made every FMA of those
-    # rows a microcode assist: the same call 2-3x slower in some processes)
+    # Zero padding only where a kernel reads it (a decode step's units have one
+    # row each: the fixed cost of a unit is most of such a call).  Query rows:
+    # fa_qk_rows (keys in place) reads blocks of up to 8 rows, each padded to a
+    # power of two, and a single row alone; fa_qk_block whole blocks of FA_QK_MR.
+    pack_q(P, ws, (<floating *>P.q.base) + qb, nr,
+           (1 if nr == 1 else round_up(nr, 8)) if k_in_place else rows_alloc(nr))
+    # The packed P.V kernel (fa_pv_block) runs whole blocks of FA_PV_MR rows, so it
+    # also reads the probability rows nr..Rp-1, which the QK kernel may never
+    # write: zeros, not whatever the workspace held (subnormal garbage made every
+    # FMA of those rows a microcode assist: the same call 2-3x slower in some
+    # processes).  The few-rows kernel (fa_pv_rows) reads exactly nr rows.
+    if few:
+        Rp = nr
     for i in range(nr * BLOCK_K, Rp * BLOCK_K):
         s[i] = 0
     for i in range(Rp):
@@ -857,13 +871,15 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
                 # and if the update made any of them inf/NaN, redo the tile
                 # exactly (see pv_rows_exact).  The packed value buffer is free
                 # when values are read in place.
-                if v_in_place:
+                # (before the first tile's update the accumulators are all 0:
+                # nothing to keep)
+                if v_in_place and t0 != lo_all:
                     for i in range(nr * dvp):
                         vp[i] = o[i]
                 pv_rows(s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
                 if v_in_place and block_nonfinite(o, nr, Dv, dvp, 1):
                     for i in range(nr * dvp):
-                        o[i] = vp[i]
+                        o[i] = vp[i] if t0 != lo_all else 0
                     pv_rows_exact(P, ws, s, vsrc, ldv, o, dvp, r0, nr, t0, n, mbo)
         elif need_pv:
             i0 = 0
