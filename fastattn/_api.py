@@ -221,8 +221,9 @@ def _attention_general(q, k, v, scale=None, causal=False, mask=None, bias=None, 
     """attention()'s general path: array-likes, dtype promotion and conversion,
     broadcast batch dims, every error message.  ``fastattn.attention`` is the
     compiled ``_K.attention``, which calls this for every call its fast path
-    (``_K.attention_fast``'s checks: matching float ndarrays, options in their plain
-    spellings) declines; the arguments come positionally, in this order."""
+    (``attention_fast_impl`` in the kernel module: matching float ndarrays,
+    options in their plain spellings) declines; the arguments come positionally,
+    in this order."""
     q = _as_array(q, "q")
     k = _as_array(k, "k")
     v = _as_array(v, "v")

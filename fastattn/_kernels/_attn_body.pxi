@@ -1915,14 +1915,6 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
                               alibi_slopes, return_weights, return_lse, out, num_threads)
 
 
-def attention_fast(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out,
-                   kv_lengths=None, mask=None, bias=None, alibi_slopes=None, return_weights=False):
-    """The compiled fast path of attention() alone: its result, or None where the
-    general path is needed (see attention_fast_impl)."""
-    return attention_fast_impl(q, k, v, scale, causal, window, softcap, return_lse, num_threads,
-                               out, kv_lengths, mask, bias, alibi_slopes, return_weights)
-
-
 cdef object attention_fast_impl(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out,
                                 kv_lengths, mask, bias, alibi_slopes, return_weights):
     """``attention(q, k, v, ...)`` without Python overhead, for the options a decode
