@@ -514,8 +514,8 @@ def test_nonfinite_scores_many_rows(case, opts, dtype, rng):
     NaN scores give what the reference gives: the tile max there skips NaN, which
     must still reach its row through the sum."""
     q = randn(rng, (2, 3, 40, 16), dtype)
-    k = randn(rng, (2, 3, 150, 16), dtype)
-    v = randn(rng, (2, 3, 150, 8), dtype)
+    k = randn(rng, (2, 3, 300, 16), dtype)
+    v = randn(rng, (2, 3, 300, 8), dtype)
     if case == "nan_key":
         k[0, 1, 70, 3] = np.nan
     elif case == "nan_query":
@@ -604,17 +604,17 @@ def test_decode_values_nonfinite(case, dtype, rng):
     """Decode rows read values in place and check them only after each tile's
     update: a hidden NaN must still never reach the output, and a visible inf or
     NaN must give what the reference gives, whatever tile it sits in."""
-    Lk, D = 300, 128          # several key tiles, whole vectors of values
+    Lk, D = 300, 128          # three key tiles of 128, whole vectors of values
     q = randn(rng, (2, 1, D), dtype)
     k = randn(rng, (2, Lk, D), dtype)
     v = randn(rng, (2, Lk, D), dtype)
     mask = np.ones(Lk, bool)
     mask[200:210] = False
-    v[:, 205, :] = np.nan                 # hidden by the mask (third tile)
+    v[:, 205, :] = np.nan                 # hidden by the mask (second tile)
     if case == "visible_inf_then_hidden_nan":
         v[0, 10, 3] = np.inf              # visible, first tile: column 3 becomes inf
     if case == "visible_nan":
-        v[1, 250, 7] = np.nan             # visible, fourth tile: column 7 becomes NaN
+        v[1, 270, 7] = np.nan             # visible, third tile: column 7 becomes NaN
     out = fastattn.attention(q, k, v, mask=mask)
     want = R.attention(q, k, v, mask=mask)
     if case == "hidden_nan":
@@ -826,7 +826,7 @@ def test_query_vectorised_boolean_masks(Lq, dtype, rng):
     """Boolean masks on the query-vectorised path: the mask block of a tile is
     transposed (queries to lanes) in blocks of 16 x 16 bytes when the mask's rows
     are contiguous, element by element otherwise.  Key counts that cut the
-    16-key blocks and the 64-key tiles, row counts that leave lanes empty, every
+    16-key blocks and the 128-key tiles, row counts that leave lanes empty, every
     chunk width; masks full, broadcast over heads, one row for every query, a
     slice of a bigger array (rows further apart, not aligned), Fortran-ordered
     and strided (the element-wise transpose); with causal and a bias on top.

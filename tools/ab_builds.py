@@ -1,7 +1,7 @@
 """Paired A/B of two fastattn builds in ONE process, for kernel changes of a few percent.
 
     python tools/ab_builds.py OLD_TREE NEW_TREE [--cases prefill,long,...] [--reps 30]
-    (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi],
+    (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L],
     or calls:OPT[+OPT...]: 1000 small decode steps with options, e.g. calls:br+kvlen+lse)
 
 OLD_TREE and NEW_TREE are source trees with in-place builds (``python setup.py
@@ -92,7 +92,8 @@ def make_case(case, rng):
         x = rng.standard_normal((2048, 2048)).astype(np.float32)
         return lambda M: M.softmax(x, axis=0)
     if case.startswith("attn:"):
-        # attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi] -- any attention shape
+        # attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=LEFT]
+        # -- any attention shape (window=LEFT: each query sees itself and LEFT keys before it)
         dims, *flags = case[5:].split(":")
         B, Hq, Hkv, Lq, Lk, D = (int(x) for x in dims.split("x"))
         dt = np.float64 if "f64" in flags else np.float32
@@ -104,6 +105,9 @@ def make_case(case, rng):
             kw["bias"] = rng.standard_normal((Lq, Lk)).astype(dt)
         if "alibi" in flags:
             kw["alibi_slopes"] = np.linspace(0.05, 1, Hq)
+        for f in flags:
+            if f.startswith("window="):
+                kw["window"] = (int(f[7:]), 0)
         q = rng.standard_normal((B, Hq, Lq, D)).astype(dt)
         k, v = (rng.standard_normal((B, Hkv, Lk, D)).astype(dt) for _ in range(2))
         return lambda M: M.attention(q, k, v, causal=causal, return_weights=weights, mask=mask, **kw)
@@ -133,7 +137,7 @@ def make_case(case, rng):
                 M.attention(q, k, v, **kw)
         return calls
     sys.exit(f"unknown case {case!r}; known: {', '.join(list(CASES) + OTHER)}, "
-             "attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi], or calls:OPT[+OPT...]")
+             "attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L], or calls:OPT[+OPT...]")
 
 
 def main(argv=None):

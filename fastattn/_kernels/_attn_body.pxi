@@ -126,7 +126,10 @@ cdef enum:
     FEW_MAX_ROWS = 13    # units of at most this many rows read keys and values in place (run_unit;
                          # 14 and more rows are query-vectorised, or packed where T pads too much)
     T_RUNS_MAX = 32      # key runs of a chunk's tile (t_runs: <= 22 for FA_T_NV <= 4)
-    BLOCK_K = 64         # keys per tile (a multiple of every QK panel width)
+    BLOCK_K = 128        # keys per tile (a multiple of every QK panel width).  Paired on
+                         # AVX2: 64 was 2-5 % slower on long, prefill and D 256 (fixed costs
+                         # per tile and chunk: P.V accumulator loads/stores, softmax setup,
+                         # a 4-key QK tail), 192 5-7 % slower on long and D 256, 96 level
     PANEL_MAX = 32       # keys per QK panel, at most (FA_QK_NV vectors of floats)
     PARALLEL_MIN_WORK = 200000  # smaller problems run on the calling thread alone
     SOFTMAX_PARALLEL_MIN = 32768  # elements; softmax of fewer runs on the calling thread
