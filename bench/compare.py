@@ -12,6 +12,7 @@ something on a shared, noisy machine.
     python bench/compare.py                      # all cases, 2 threads, 3 repeats
     python bench/compare.py --quick --cases prefill,decode
     python bench/compare.py --threads 1 --json out.json --plot out.png
+    python bench/compare.py --from-json out.json      # the table of a saved run again
 
 torch is optional (``pip install torch==2.13.0``, the CPU build); when it is
 not importable its column says so.  The NumPy column is the naive
@@ -169,6 +170,18 @@ def _median_of(runs, key):
     return H._median(vals) if vals else None
 
 
+def _paired_ratio(num_runs, den_runs):
+    """Median over repeats of num[i] / den[i]: the two processes of repeat i ran
+    back to back, so the ratio of each pair is taken before the median (on a box
+    whose speed drifts, more stable than the ratio of the two medians).  Repeats
+    where either failed are left out; None when no pair is left."""
+    if not num_runs or not den_runs:
+        return None
+    ratios = [a["seconds"] / b["seconds"] for a, b in zip(num_runs, den_runs)
+              if "error" not in a and "error" not in b and a.get("seconds") and b.get("seconds")]
+    return H._median(ratios) if ratios else None
+
+
 def summarize(results):
     """Per case: median seconds per library and the derived rates."""
     ceil = {k: max((r[k] for r in results["ceilings"] if k in r), default=None)
@@ -184,6 +197,7 @@ def summarize(results):
                                     default=None) for lib, rs in runs.items()},
                "extra_bytes": {lib: _median_of(rs, "extra_bytes") for lib, rs in runs.items()},
                "numpy_skipped": entry["numpy_skipped"]}
+        row["paired"] = _paired_ratio(runs.get("torch"), runs.get("fastattn"))
         fa = t.get("fastattn")
         if case["kind"] == "attention":
             flops = H.attention_flops(case)
@@ -218,7 +232,8 @@ def _time_cell(row, lib, available):
     return H.fmt_time(t)
 
 
-def print_report(results, ceil, rows, out=sys.stdout):
+def print_report(results, ceil, rows, out=None):
+    out = sys.stdout if out is None else out     # looked up per call, not at import
     m, avail = results["machine"], results["available"]
     p = lambda *a: print(*a, file=out)
     p(f"## fastattn side by side — {results['threads']} thread(s), "
@@ -249,9 +264,9 @@ def print_report(results, ceil, rows, out=sys.stdout):
         p(f"- matmul ceiling readings: {mm[0]:.0f}-{mm[-1]:.0f} GFLOP/s, median "
           f"{mm[len(mm) // 2]:.0f} (the % columns divide by the best)")
     p("")
-    p("| case | shape | fastattn | torch | numpy | torch / fastattn | numpy / fastattn "
+    p("| case | shape | fastattn | torch | numpy | torch / fastattn | paired | numpy / fastattn "
       "| fastattn GFLOP/s | % matmul | GB/s | % read bw | max err fastattn |")
-    p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     notes = []
     for r in rows:
         fa, tt, nn = (r["t"].get(k) for k in ("fastattn", "torch", "numpy"))
@@ -263,6 +278,7 @@ def print_report(results, ceil, rows, out=sys.stdout):
         p(f"| {label} | {r['describe']} | {_time_cell(r, 'fastattn', avail)} | "
           f"{_time_cell(r, 'torch', avail)} | {numpy_cell} | "
           f"{_fmt(tt / fa if tt and fa else None, '.2f', '×')} | "
+          f"{_fmt(r.get('paired'), '.2f', '×')} | "
           f"{_fmt(nn / fa if nn and fa else None, '.1f', '×')} | "
           f"{_fmt(r.get('gflops'), '.1f')} | {_fmt(r.get('pct_matmul'), '.0f', '%')} | "
           f"{_fmt(r.get('gbs'), '.1f')} | {_fmt(r.get('pct_bw'), '.0f', '%')} | "
@@ -291,7 +307,8 @@ def print_report(results, ceil, rows, out=sys.stdout):
             p(f"| {r['id']} | " + " | ".join(cells) + " |")
     p("\nFLOPs = 2·(Dk+Dv)·H·(visible query-key pairs): half for causal, the window band for "
       "window, valid keys for kv_lengths; a random mask counts every pair. GB/s: K+V read once "
-      "(decode cases), read+write (softmax). max err: largest |fastattn − float64| on a slice.")
+      "(decode cases), read+write (softmax). max err: largest |fastattn − float64| on a slice. "
+      "paired: median over repeats of torch / fastattn of the two processes of one repeat.")
     for n in notes:
         p(f"- {n}")
 
@@ -359,6 +376,8 @@ def parse_args(argv=None):
     ap.add_argument("--timeout", type=float, default=900, help="seconds per child process")
     ap.add_argument("--json", metavar="FILE", help="write raw results (every sample) as JSON")
     ap.add_argument("--plot", metavar="FILE.png", help="draw the figures (needs matplotlib)")
+    ap.add_argument("--from-json", metavar="FILE",
+                    help="measure nothing: print the table (and --plot) of a run saved with --json")
     args = ap.parse_args(argv)
     if args.cases:
         unknown = sorted(set(args.cases) - set(CASE_IDS))
@@ -381,12 +400,16 @@ def main(argv=None):
             import matplotlib  # noqa: F401
         except ImportError:
             sys.exit("--plot needs matplotlib (pip install matplotlib, or the 'plot' extra)")
-    results = run(args)
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)
+    else:
+        results = run(args)
     ceil, rows = summarize(results)
     results["summary"] = [{k: v for k, v in r.items() if k != "case"} for r in rows]
     results["summary_ceilings"] = ceil
     print_report(results, ceil, rows)
-    if args.json:
+    if args.json and not args.from_json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
         log(f"raw results written to {args.json}")

@@ -1,0 +1,83 @@
+"""bench/compare.py's report from saved results: the paired ratio column and
+--from-json (no measuring: synthetic results with known samples)."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def compare():
+    spec = importlib.util.spec_from_file_location("fastattn_compare_under_test",
+                                                  os.path.join(HERE, "compare.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _results(torch_s, fa_s):
+    case = {"id": "prefill", "kind": "attention", "B": 1, "Hq": 8, "Hkv": 8, "Lq": 1024,
+            "Lk": 1024, "D": 64, "Dv": 64, "dtype": "float32", "causal": False, "window": None,
+            "mask": None, "kv_lengths": None, "memory": False}
+    runs = {"torch": [{"seconds": t} if t else {"error": "boom"} for t in torch_s],
+            "fastattn": [{"seconds": f, "max_err": 1e-7} for f in fa_s]}
+    return {"machine": {"cpu": "test CPU", "logical_cpus": 2, "usable_cpus": 2, "python": "3",
+                        "platform": "test", "numpy": "2", "scipy": None, "torch": "2"},
+            "threads": 2, "repeats": len(fa_s), "min_time": 0.1,
+            "available": {"torch": True, "numpy": True, "scipy": False, "fastattn": True},
+            "ceilings": [{"matmul_gflops": 100.0, "read_gbs": 10.0}],
+            "cases": [{"case": case, "describe": "B1 H8 L1024 D64", "numpy_skipped": None,
+                       "runs": runs}],
+            "loadavg_start": 0.1, "loadavg_end": 0.2, "scaling": []}
+
+
+def _table_row(text, case_id):
+    header = next(ln for ln in text.splitlines() if ln.startswith("| case |"))
+    row = next(ln for ln in text.splitlines() if ln.startswith(f"| {case_id} |"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    return dict(zip(cols, (c.strip() for c in row.strip("|").split("|"))))
+
+
+def test_paired_ratio_is_the_median_of_per_repeat_ratios(compare, capsys):
+    # drift: the box slows down over the run, both libraries alike, and one
+    # repeat is disturbed.  Per repeat torch / fastattn is 1.2, 1.2, 1.2, 0.5,
+    # 1.2 -> median 1.2; the medians of the two columns (4.0 and 5.0) give 0.8.
+    torch_s = [1.2, 2.4, 6.0, 4.0, 12.0]
+    fa_s = [1.0, 2.0, 5.0, 8.0, 10.0]
+    res = _results(torch_s, fa_s)
+    ceil, rows = compare.summarize(res)
+    assert rows[0]["paired"] == pytest.approx(1.2)
+    compare.print_report(res, ceil, rows)
+    row = _table_row(capsys.readouterr().out, "prefill")
+    assert row["torch / fastattn"] == "0.80×"      # medians 4.0 / 5.0
+    assert row["paired"] == "1.20×"
+
+
+def test_paired_ratio_skips_failed_repeats(compare):
+    res = _results([2.0, None, 3.0], [1.0, 1.0, 1.0])      # repeat 2: torch failed
+    _, rows = compare.summarize(res)
+    assert rows[0]["paired"] == pytest.approx(2.5)         # median of 2.0 and 3.0
+
+
+def test_paired_ratio_without_torch(compare):
+    res = _results([1.0], [1.0])
+    del res["cases"][0]["runs"]["torch"]
+    res["available"]["torch"] = False
+    _, rows = compare.summarize(res)
+    assert rows[0]["paired"] is None
+
+
+def test_from_json_prints_the_saved_run(compare, tmp_path, capsys):
+    res = _results([3.0, 3.3, 2.7], [1.5, 1.5, 1.5])
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(res))
+    compare.main(["--from-json", str(path)])
+    out = capsys.readouterr().out
+    assert "test CPU" in out
+    row = _table_row(out, "prefill")
+    assert row["fastattn"] == "1500.00 ms"
+    assert row["paired"] == "2.00×"
+    assert row["torch / fastattn"] == "2.00×"
