@@ -92,7 +92,14 @@
 
 #define FA_ALIGN 64
 #ifndef FA_PF_BYTES
-#  define FA_PF_BYTES 3072   /* software prefetch distance of the row-streaming loops */
+/* software prefetch distance of the row-streaming loops: it must cover the
+ * memory latency at one core's share of the bandwidth.  On a 2-vCPU Intel Xeon
+ * (AVX-512), decode (B1 H32 Lk4096 D128, 2 threads) streamed 47-48 GB/s at
+ * 3 KiB and 50-51 at 6 KiB (paired over 30 rounds: 1.03x, decode-1head 1.04x;
+ * 12 KiB no better than 6; the other standard cases within +-1 %).  The AVX2
+ * variant on the same CPU gained alike (42 -> 45 GB/s): the machine's latency,
+ * not the ISA. */
+#  define FA_PF_BYTES 6144
 #endif
 #ifndef FA_RESCALE_SLACK
 /* query-vectorised online softmax: the running reference max moves only when a
