@@ -101,6 +101,12 @@ cdef extern from "simd.h" nogil:
                       int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
     void fa_pv_rows_d(const double *p, int64_t ldp, int64_t nr, const double *v, int64_t ldv,
                       int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
+    void fa_pv_qk_row1_f(const float *p, const float *v, int64_t ldv, int64_t k0, int64_t k1,
+                         float *o, int64_t nvec, const float *qp, int64_t D, const float *kn,
+                         int64_t ksr, int64_t nk, float *sn)
+    void fa_pv_qk_row1_d(const double *p, const double *v, int64_t ldv, int64_t k0, int64_t k1,
+                         double *o, int64_t nvec, const double *qp, int64_t D, const double *kn,
+                         int64_t ksr, int64_t nk, double *sn)
     void fa_tmask_bool_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf,
                                int nv)
@@ -335,6 +341,14 @@ cdef inline void pv_rows(const floating *p, int64_t ldp, int64_t nr, const float
         fa_pv_rows_f(p, ldp, nr, v, ldv, k0, k1, o, ldo, nvec)
     else:
         fa_pv_rows_d(p, ldp, nr, v, ldv, k0, k1, o, ldo, nvec)
+
+cdef inline void pv_qk_row1(const floating *p, const floating *v, int64_t ldv, int64_t k0, int64_t k1,
+                            floating *o, int64_t nvec, const floating *qp, int64_t D, const floating *kn,
+                            int64_t ksr, int64_t nk, floating *sn) noexcept nogil:
+    if floating is float:
+        fa_pv_qk_row1_f(p, v, ldv, k0, k1, o, nvec, qp, D, kn, ksr, nk, sn)
+    else:
+        fa_pv_qk_row1_d(p, v, ldv, k0, k1, o, nvec, qp, D, kn, ksr, nk, sn)
 
 cdef inline void tmask_bool_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                   const uint8_t *const *mrows, int64_t nl, int64_t sc,
@@ -751,6 +765,15 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     cdef int64_t ldv = 0
     cdef int needs_options = P.softcap > 0 or P.has_bias or P.has_alibi or P.has_mask
     cdef int64_t Rq = round_up(nr, FA_QK_MR), Rp = round_up(nr, FA_PV_MR)
+    # a single row with keys and values read in place (decode): each tile's P.V
+    # pass also computes the next tile's scores (fa_pv_qk_row1), so the keys and
+    # values stream side by side; bit-identical to the separate passes.  The next
+    # scores go to row 1 of the score buffer (a one-row unit never uses it).
+    cdef int fuse = nr == 1 and k_in_place and v_in_place and need_pv
+    cdef floating *s2 = s + BLOCK_K
+    cdef floating *stmp
+    cdef const floating *kbase = (<floating *>P.k.base) + kbo
+    cdef int64_t nn
 
     setup_rows(P, ws, b, r0, nr, kb, ke, &lo_all, &hi_all)
     # Zero padding only where a kernel reads it (a decode step's units have one
@@ -782,6 +805,8 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
             for j in range(P.Lk):
                 wrow[j * P.w.sc] = fill
 
+    if fuse and lo_all < hi_all:
+        qk_rows(qp, Dk, 1, Dk, kbase + lo_all * P.k.sr, P.k.sr, min(BLOCK_K, hi_all - lo_all), s, BLOCK_K)
     t0 = lo_all
     while t0 < hi_all:
         t1 = t0 + BLOCK_K
@@ -806,8 +831,8 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
         # S = Qp . Ktᵀ, each register block of rows only over the panels its rows
         # can see (this is what clips the causal diagonal tile)
         i0 = nr if k_in_place else 0
-        if k_in_place:
-            qk_rows(qp, Dk, nr, Dk, (<floating *>P.k.base) + kbo + t0 * P.k.sr, P.k.sr, n, s, BLOCK_K)
+        if k_in_place and not fuse:
+            qk_rows(qp, Dk, nr, Dk, kbase + t0 * P.k.sr, P.k.sr, n, s, BLOCK_K)
         while i0 < nr:
             rows_key_span(ws, i0, min(i0 + FA_QK_MR, nr), t0, n, &a, &e)
             if a < e:
@@ -879,11 +904,21 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
                 if v_in_place and t0 != lo_all:
                     for i in range(nr * dvp):
                         vp[i] = o[i]
-                pv_rows(s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
+                if fuse:
+                    nn = min(BLOCK_K, hi_all - t1) if t1 < hi_all else 0
+                    pv_qk_row1(s, vsrc, ldv, a, e, o, dvp // W, qp, Dk, kbase + t1 * P.k.sr, P.k.sr, nn, s2)
+                else:
+                    pv_rows(s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
                 if v_in_place and block_nonfinite(o, nr, Dv, dvp, 1):
                     for i in range(nr * dvp):
                         o[i] = vp[i] if t0 != lo_all else 0
                     pv_rows_exact(P, ws, s, vsrc, ldv, o, dvp, r0, nr, t0, n, mbo)
+            elif fuse and t1 < hi_all:
+                qk_rows(qp, Dk, 1, Dk, kbase + t1 * P.k.sr, P.k.sr, min(BLOCK_K, hi_all - t1), s2, BLOCK_K)
+            if fuse:
+                stmp = s
+                s = s2
+                s2 = stmp
         elif need_pv:
             i0 = 0
             while i0 < nr:

@@ -812,6 +812,67 @@ static inline void FA_SFX(fa_pv_row1)(const FA_T *p, const FA_T *vv, int64_t ldv
     }
 }
 
+/* One pass of fa_pv_row1 over NB (8, 4 or 1) vectors of the output row, the
+ * same loads and FMAs in the same order, with the single-row scores of the
+ * NEXT key tile computed in the same loop: sn[j] = fa_dot(qp, kn[j]) for
+ * j < nk, exactly fa_qk_rows' one-row order.  A decode unit otherwise reads
+ * a tile's keys, then its values: one stream at a time.  Two streams in
+ * flight keep more of one core's memory requests outstanding. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv1_qk_pass)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1, FA_T *o,
+                       const int NB, int prefetch, const FA_T *qp, int64_t D, const FA_T *kn, int64_t ksr,
+                       int64_t nk, FA_T *sn)
+{
+    const int64_t pfv = FA_SFX(fa_pf_rows)(NB * FA_W), pfk = FA_SFX(fa_pf_rows)(D);
+    const int64_t nv = k1 > k0 ? k1 - k0 : 0, both = nk < nv ? nk : nv;
+    FA_V a[8];
+    FA_UNROLL for (int u = 0; u < NB; u++) a[u] = FA_SFX(fa_load)(o + u * FA_W);
+    int64_t i = 0;
+    for (; i < both; i++) {
+        const FA_V w = FA_SFX(fa_set1)(p[k0 + i]);
+        const FA_T *vr = vv + (k0 + i) * ldv;
+        if (prefetch) FA_SFX(fa_prefetch)(vr + pfv * ldv, NB * FA_W);
+        FA_SFX(fa_prefetch)(kn + (i + pfk) * ksr, D);
+        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SFX(fa_load)(vr + u * FA_W);
+        sn[i] = FA_SFX(fa_dot)(qp, kn + i * ksr, D);
+    }
+    for (; i < nv; i++) {
+        const FA_V w = FA_SFX(fa_set1)(p[k0 + i]);
+        const FA_T *vr = vv + (k0 + i) * ldv;
+        if (prefetch) FA_SFX(fa_prefetch)(vr + pfv * ldv, NB * FA_W);
+        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SFX(fa_load)(vr + u * FA_W);
+    }
+    for (; i < nk; i++) {
+        FA_SFX(fa_prefetch)(kn + (i + pfk) * ksr, D);
+        sn[i] = FA_SFX(fa_dot)(qp, kn + i * ksr, D);
+    }
+    FA_UNROLL for (int u = 0; u < NB; u++) FA_SFX(fa_store)(o + u * FA_W, a[u]);
+}
+
+/* fa_pv_row1 (one row, prefetching) and the next tile's one-row scores
+ * (fa_qk_rows with nr = 1) in one pass over both: bit-identical to the two
+ * calls.  The scores ride along the first block of output vectors. */
+static inline void FA_SFX(fa_pv_qk_row1)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1,
+                                         FA_T *o, int64_t nvec, const FA_T *qp, int64_t D,
+                                         const FA_T *kn, int64_t ksr, int64_t nk, FA_T *sn)
+{
+    int64_t c = 0;
+    for (; c + 8 <= nvec; c += 8) {
+        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, 1, qp, D, kn, ksr, nk, sn);
+        nk = 0;
+    }
+    for (; c + 4 <= nvec; c += 4) {
+        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, 1, qp, D, kn, ksr, nk, sn);
+        nk = 0;
+    }
+    for (; c < nvec; c++) {
+        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 1, 0, qp, D, kn, ksr, nk, sn);
+        nk = 0;
+    }
+    if (nk)
+        FA_SFX(fa_pv1_qk_pass)(p, vv, ldv, 0, 0, o, 0, 0, qp, D, kn, ksr, nk, sn);
+}
+
 /* O[i][0:nvec*W] += sum_{k in [k0,k1)} P[i][k] * V[k][0:nvec*W] for i < nr, V rows
  * ldv apart, read in place.  Blocks of up to FA_PV_MR rows through the PV
  * micro-kernel, so each value vector is loaded once per block of rows, not once
