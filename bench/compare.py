@@ -358,7 +358,7 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="cases: " + ", ".join(
                                      c["id"] + (" (extra)" if c.get("extra") else "") for c in CASES))
-    ap.add_argument("--threads", type=int, default=2, help="threads per library (default 2)")
+    ap.add_argument("--threads", type=int, help="threads per library (default 2)")
     ap.add_argument("--cases", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
                     help="comma-separated case ids (default: all standard cases)")
     ap.add_argument("--extra", action="store_true", help="also run the extra cases")
@@ -379,6 +379,18 @@ def parse_args(argv=None):
     ap.add_argument("--from-json", metavar="FILE",
                     help="measure nothing: print the table (and --plot) of a run saved with --json")
     args = ap.parse_args(argv)
+    if args.from_json:
+        # reprinting measures nothing: options that choose what to measure would be ignored
+        given = [opt for opt, val in (("--threads", args.threads), ("--cases", args.cases),
+                                      ("--extra", args.extra), ("--all", args.all), ("--quick", args.quick),
+                                      ("--repeats", args.repeats), ("--min-time", args.min_time),
+                                      ("--installed", args.installed), ("--json", args.json),
+                                      ("--skip-slow-numpy", args.skip_slow_numpy))
+                 if val not in (None, False)]
+        if given:
+            ap.error(f"--from-json reprints a saved run; it takes no {', '.join(given)}")
+    if args.threads is None:
+        args.threads = 2
     if args.cases:
         unknown = sorted(set(args.cases) - set(CASE_IDS))
         if unknown:

@@ -81,3 +81,15 @@ def test_from_json_prints_the_saved_run(compare, tmp_path, capsys):
     assert row["fastattn"] == "1500.00 ms"
     assert row["paired"] == "2.00×"
     assert row["torch / fastattn"] == "2.00×"
+
+
+@pytest.mark.parametrize("opt", [["--cases", "long"], ["--threads", "1"], ["--json", "x.json"],
+                                 ["--repeats", "5"], ["--quick"]])
+def test_from_json_refuses_measuring_options(compare, tmp_path, opt, capsys):
+    # those options choose what to measure; a reprint would silently ignore them
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_results([3.0], [1.5])))
+    with pytest.raises(SystemExit) as exc:
+        compare.main(["--from-json", str(path)] + opt)
+    assert exc.value.code == 2
+    assert opt[0] in capsys.readouterr().err

@@ -133,9 +133,12 @@ cdef enum:
                          # 14 and more rows are query-vectorised, or packed where T pads too much)
     T_RUNS_MAX = 32      # key runs of a chunk's tile (t_runs: <= 22 for FA_T_NV <= 4)
     BLOCK_K = 128        # keys per tile (a multiple of every QK panel width).  Paired on
-                         # AVX2: 64 was 2-5 % slower on long, prefill and D 256 (fixed costs
-                         # per tile and chunk: P.V accumulator loads/stores, softmax setup,
-                         # a 4-key QK tail), 192 5-7 % slower on long and D 256, 96 level
+                         # AVX2 (Zen 3): 64 was 2-8 % slower on long, 1-4 % on prefill, 9 %
+                         # on D 256 (fixed costs per tile and chunk: P.V accumulator
+                         # loads/stores, softmax setup, a 4-key QK tail), 192 5-7 % slower
+                         # on long and D 256, 96 level.  AVX-512 (Xeon): 64 was 1-3 % slower
+                         # on long, prefill, batch, f64, D 80 and D 256, level on causal; 256
+                         # 2-3 % slower on long, prefill, causal, f64, D 256
     PANEL_MAX = 32       # keys per QK panel, at most (FA_QK_NV vectors of floats)
     PARALLEL_MIN_WORK = 200000  # smaller problems run on the calling thread alone
     SOFTMAX_PARALLEL_MIN = 32768  # elements; softmax of fewer runs on the calling thread
