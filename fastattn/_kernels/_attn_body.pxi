@@ -139,6 +139,9 @@ cdef enum:
                          # on long and D 256, 96 level.  AVX-512 (Xeon): 64 was 1-3 % slower
                          # on long, prefill, batch, f64, D 80 and D 256, level on causal; 256
                          # 2-3 % slower on long, prefill, causal, f64, D 256
+    FUSE_CHUNK = 16      # keys per alternating P.V / next-tile Q.K chunk (pv_qk_chunks): a
+                         # multiple of FA_W (fa_qk_rows groups keys by W / rows); paired
+                         # against 32: 2-13 rows 1.00-1.03x; 64: 0.96-0.99x
     PANEL_MAX = 32       # keys per QK panel, at most (FA_QK_NV vectors of floats)
     PARALLEL_MIN_WORK = 200000  # smaller problems run on the calling thread alone
     SOFTMAX_PARALLEL_MIN = 32768  # elements; softmax of fewer runs on the calling thread
@@ -462,7 +465,7 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
         ws.qp = carve(&cur, R * dk * item)
         ws.kt = carve(&cur, round_up(BLOCK_K, FA_QK_NV * W) * dk * item)
         ws.vp = carve(&cur, BLOCK_K * dvp * item)
-        ws.s = carve(&cur, R * BLOCK_K * item)
+        ws.s = carve(&cur, (R + FEW_MAX_ROWS) * BLOCK_K * item)   # + the next tile's scores (run_unit)
         ws.o = carve(&cur, R * dvp * item)
         ws.m = carve(&cur, R * item)
         ws.l = <double *>carve(&cur, R * sizeof(double))
@@ -723,6 +726,29 @@ cdef inline void rows_key_span(const Workspace *ws, int64_t i0, int64_t i1, int6
             e[0] = max(e[0], min(ws.hi[i] - t0, n))
 
 
+cdef inline void pv_qk_chunks(const floating *p, int64_t nr, const floating *v, int64_t ldv, int64_t a,
+                              int64_t e, floating *o, int64_t dvp, const floating *qp, int64_t Dk,
+                              const floating *kn, int64_t ksr, int64_t nn, floating *sn) noexcept nogil:
+    """O += P . V over keys [a, e) of this tile (rows BLOCK_K apart in p) and the
+    scores of the next tile's first nn keys (kn) into sn, in alternating chunks of
+    FUSE_CHUNK keys.  The same per-key order as one pv_rows and one qk_rows call:
+    P.V accumulates key by key, and a chunk boundary is a multiple of every key
+    group of fa_qk_rows, so the bits are the same."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t c = 0, c1, x0, x1
+    cdef int64_t top = e if e > nn else nn
+    while c < top:
+        c1 = c + FUSE_CHUNK
+        x0 = a if a > c else c
+        x1 = e if e < c1 else c1
+        if x0 < x1:
+            pv_rows(p, BLOCK_K, nr, v, ldv, x0, x1, o, dvp, dvp // W)
+        x1 = nn if nn < c1 else c1
+        if c < x1:
+            qk_rows(qp, Dk, nr, Dk, kn + c * ksr, ksr, x1 - c, sn + c, BLOCK_K)
+        c = c1
+
+
 cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
                    int64_t kb, int64_t ke, int mode, floating *stats,
                    floating *part_o, floating *part_m, double *part_l) noexcept nogil:
@@ -768,12 +794,14 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
     cdef int64_t ldv = 0
     cdef int needs_options = P.softcap > 0 or P.has_bias or P.has_alibi or P.has_mask
     cdef int64_t Rq = round_up(nr, FA_QK_MR), Rp = round_up(nr, FA_PV_MR)
-    # a single row with keys and values read in place (decode): each tile's P.V
-    # pass also computes the next tile's scores (fa_pv_qk_row1), so the keys and
-    # values stream side by side; bit-identical to the separate passes.  The next
-    # scores go to row 1 of the score buffer (a one-row unit never uses it).
-    cdef int fuse = nr == 1 and k_in_place and v_in_place and need_pv
-    cdef floating *s2 = s + BLOCK_K
+    # few rows with keys and values read in place (decode, draft tokens, GQA
+    # groups): each tile's P.V pass also computes the next tile's scores, so keys
+    # and values stream side by side (one row: fa_pv_qk_row1, key by key; more
+    # rows: alternating chunks of FUSE_CHUNK keys, see pv_qk_chunks).  Bit-
+    # identical to the separate passes.  The next scores go to rows past the
+    # unit's own in the score buffer (FEW_MAX_ROWS of them are reserved).
+    cdef int fuse = few and k_in_place and v_in_place and need_pv
+    cdef floating *s2 = s + rows_alloc(nr) * BLOCK_K
     cdef floating *stmp
     cdef const floating *kbase = (<floating *>P.k.base) + kbo
     cdef int64_t nn
@@ -809,7 +837,7 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
                 wrow[j * P.w.sc] = fill
 
     if fuse and lo_all < hi_all:
-        qk_rows(qp, Dk, 1, Dk, kbase + lo_all * P.k.sr, P.k.sr, min(BLOCK_K, hi_all - lo_all), s, BLOCK_K)
+        qk_rows(qp, Dk, nr, Dk, kbase + lo_all * P.k.sr, P.k.sr, min(BLOCK_K, hi_all - lo_all), s, BLOCK_K)
     t0 = lo_all
     while t0 < hi_all:
         t1 = t0 + BLOCK_K
@@ -909,7 +937,10 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
                         vp[i] = o[i]
                 if fuse:
                     nn = min(BLOCK_K, hi_all - t1) if t1 < hi_all else 0
-                    pv_qk_row1(s, vsrc, ldv, a, e, o, dvp // W, qp, Dk, kbase + t1 * P.k.sr, P.k.sr, nn, s2)
+                    if nr == 1:
+                        pv_qk_row1(s, vsrc, ldv, a, e, o, dvp // W, qp, Dk, kbase + t1 * P.k.sr, P.k.sr, nn, s2)
+                    else:
+                        pv_qk_chunks(s, nr, vsrc, ldv, a, e, o, dvp, qp, Dk, kbase + t1 * P.k.sr, P.k.sr, nn, s2)
                 else:
                     pv_rows(s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
                 if v_in_place and block_nonfinite(o, nr, Dv, dvp, 1):
@@ -917,7 +948,7 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
                         o[i] = vp[i] if t0 != lo_all else 0
                     pv_rows_exact(P, ws, s, vsrc, ldv, o, dvp, r0, nr, t0, n, mbo)
             elif fuse and t1 < hi_all:
-                qk_rows(qp, Dk, 1, Dk, kbase + t1 * P.k.sr, P.k.sr, min(BLOCK_K, hi_all - t1), s2, BLOCK_K)
+                qk_rows(qp, Dk, nr, Dk, kbase + t1 * P.k.sr, P.k.sr, min(BLOCK_K, hi_all - t1), s2, BLOCK_K)
             if fuse:
                 stmp = s
                 s = s2
