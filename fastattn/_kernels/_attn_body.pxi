@@ -102,10 +102,10 @@ cdef extern from "simd.h" nogil:
     void fa_pv_rows_d(const double *p, int64_t ldp, int64_t nr, const double *v, int64_t ldv,
                       int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
     void fa_pv_qk_row1_f(const float *p, const float *v, int64_t ldv, int64_t k0, int64_t k1,
-                         float *o, int64_t nvec, const float *qp, int64_t D, const float *kn,
+                         float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const float *kn,
                          int64_t ksr, int64_t nk, float *sn)
     void fa_pv_qk_row1_d(const double *p, const double *v, int64_t ldv, int64_t k0, int64_t k1,
-                         double *o, int64_t nvec, const double *qp, int64_t D, const double *kn,
+                         double *o, int64_t nvec, int prefetch, const double *qp, int64_t D, const double *kn,
                          int64_t ksr, int64_t nk, double *sn)
     void fa_tmask_bool_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf,
@@ -352,9 +352,9 @@ cdef inline void pv_qk_row1(const floating *p, const floating *v, int64_t ldv, i
                             floating *o, int64_t nvec, const floating *qp, int64_t D, const floating *kn,
                             int64_t ksr, int64_t nk, floating *sn) noexcept nogil:
     if floating is float:
-        fa_pv_qk_row1_f(p, v, ldv, k0, k1, o, nvec, qp, D, kn, ksr, nk, sn)
+        fa_pv_qk_row1_f(p, v, ldv, k0, k1, o, nvec, 1, qp, D, kn, ksr, nk, sn)
     else:
-        fa_pv_qk_row1_d(p, v, ldv, k0, k1, o, nvec, qp, D, kn, ksr, nk, sn)
+        fa_pv_qk_row1_d(p, v, ldv, k0, k1, o, nvec, 1, qp, D, kn, ksr, nk, sn)
 
 cdef inline void tmask_bool_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                   const uint8_t *const *mrows, int64_t nl, int64_t sc,

@@ -768,56 +768,14 @@ static inline void FA_SFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, i
 #endif
 }
 
-/* O[0][0:nvec*W] += sum_{k in [k0,k1)} P[0][k] * V[k][0:nvec*W] for one row
- * (V rows ldv apart, read in place).  Blocks of 8 vectors cover a 128-float
- * (64-double) row in one pass over the keys. */
-static inline void FA_SFX(fa_pv_row1)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1,
-                                      FA_T *o, int64_t nvec, int prefetch)
-{
-    int64_t c = 0;
-    for (; c + 8 <= nvec; c += 8) {
-        const int64_t pf = FA_SFX(fa_pf_rows)(8 * FA_W);
-        FA_V a[8];
-        FA_UNROLL for (int u = 0; u < 8; u++) a[u] = FA_SFX(fa_load)(o + (c + u) * FA_W);
-        for (int64_t k = k0; k < k1; k++) {
-            const FA_V w = FA_SFX(fa_set1)(p[k]);
-            const FA_T *vr = vv + k * ldv + c * FA_W;
-            if (prefetch) FA_SFX(fa_prefetch)(vr + pf * ldv, 8 * FA_W);
-            FA_UNROLL for (int u = 0; u < 8; u++) a[u] += w * FA_SFX(fa_load)(vr + u * FA_W);
-        }
-        FA_UNROLL for (int u = 0; u < 8; u++) FA_SFX(fa_store)(o + (c + u) * FA_W, a[u]);
-    }
-    for (; c + 4 <= nvec; c += 4) {
-        const int64_t pf = FA_SFX(fa_pf_rows)(4 * FA_W);
-        FA_V a0 = FA_SFX(fa_load)(o + c * FA_W), a1 = FA_SFX(fa_load)(o + (c + 1) * FA_W);
-        FA_V a2 = FA_SFX(fa_load)(o + (c + 2) * FA_W), a3 = FA_SFX(fa_load)(o + (c + 3) * FA_W);
-        for (int64_t k = k0; k < k1; k++) {
-            const FA_V w = FA_SFX(fa_set1)(p[k]);
-            const FA_T *vr = vv + k * ldv + c * FA_W;
-            if (prefetch) FA_SFX(fa_prefetch)(vr + pf * ldv, 4 * FA_W);
-            a0 += w * FA_SFX(fa_load)(vr);
-            a1 += w * FA_SFX(fa_load)(vr + FA_W);
-            a2 += w * FA_SFX(fa_load)(vr + 2 * FA_W);
-            a3 += w * FA_SFX(fa_load)(vr + 3 * FA_W);
-        }
-        FA_SFX(fa_store)(o + c * FA_W, a0);
-        FA_SFX(fa_store)(o + (c + 1) * FA_W, a1);
-        FA_SFX(fa_store)(o + (c + 2) * FA_W, a2);
-        FA_SFX(fa_store)(o + (c + 3) * FA_W, a3);
-    }
-    for (; c < nvec; c++) {
-        FA_V a0 = FA_SFX(fa_load)(o + c * FA_W);
-        for (int64_t k = k0; k < k1; k++) a0 += FA_SFX(fa_set1)(p[k]) * FA_SFX(fa_load)(vv + k * ldv + c * FA_W);
-        FA_SFX(fa_store)(o + c * FA_W, a0);
-    }
-}
-
-/* One pass of fa_pv_row1 over NB (8, 4 or 1) vectors of the output row, the
- * same loads and FMAs in the same order, with the single-row scores of the
- * NEXT key tile computed in the same loop: sn[j] = fa_dot(qp, kn[j]) for
- * j < nk, exactly fa_qk_rows' one-row order.  A decode unit otherwise reads
- * a tile's keys, then its values: one stream at a time.  Two streams in
- * flight keep more of one core's memory requests outstanding. */
+/* One pass over the keys [k0, k1) for NB (8, 4 or 1, a constant after
+ * inlining) vectors of one output row: O[0:NB*W] += sum_k P[k] * V[k][0:NB*W],
+ * V rows ldv apart, read in place, accumulated key by key.  With nk > 0 the
+ * same loop also computes the single-row scores of the NEXT key tile,
+ * sn[j] = fa_dot(qp, kn[j]) for j < nk (fa_qk_rows' one-row order): a decode
+ * unit otherwise reads a tile's keys, then its values, one stream at a time,
+ * and two streams in flight keep more of a core's memory requests outstanding.
+ * The values and the scores are the same bits either way. */
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_pv1_qk_pass)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1, FA_T *o,
                        const int NB, int prefetch, const FA_T *qp, int64_t D, const FA_T *kn, int64_t ksr,
@@ -849,28 +807,31 @@ FA_SFX(fa_pv1_qk_pass)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, i
     FA_UNROLL for (int u = 0; u < NB; u++) FA_SFX(fa_store)(o + u * FA_W, a[u]);
 }
 
-/* fa_pv_row1 (one row, prefetching) and the next tile's one-row scores
- * (fa_qk_rows with nr = 1) in one pass over both: bit-identical to the two
- * calls.  The scores ride along the first block of output vectors. */
+/* O[0][0:nvec*W] += sum_{k in [k0,k1)} P[0][k] * V[k][0:nvec*W] for one row (V
+ * rows ldv apart, read in place), in blocks of 8 vectors (a 128-float or
+ * 64-double row in one pass over the keys), then 4, then 1; prefetch: the 8-
+ * and 4-vector passes request the value rows ahead.  nk > 0: the first pass
+ * also computes the next tile's nk one-row scores (fa_pv1_qk_pass). */
 static inline void FA_SFX(fa_pv_qk_row1)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1,
-                                         FA_T *o, int64_t nvec, const FA_T *qp, int64_t D,
+                                         FA_T *o, int64_t nvec, int prefetch, const FA_T *qp, int64_t D,
                                          const FA_T *kn, int64_t ksr, int64_t nk, FA_T *sn)
 {
     int64_t c = 0;
-    for (; c + 8 <= nvec; c += 8) {
-        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, 1, qp, D, kn, ksr, nk, sn);
-        nk = 0;
-    }
-    for (; c + 4 <= nvec; c += 4) {
-        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, 1, qp, D, kn, ksr, nk, sn);
-        nk = 0;
-    }
-    for (; c < nvec; c++) {
+    for (; c + 8 <= nvec; c += 8, nk = 0)
+        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, prefetch, qp, D, kn, ksr, nk, sn);
+    for (; c + 4 <= nvec; c += 4, nk = 0)
+        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, prefetch, qp, D, kn, ksr, nk, sn);
+    for (; c < nvec; c++, nk = 0)
         FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 1, 0, qp, D, kn, ksr, nk, sn);
-        nk = 0;
-    }
-    if (nk)
+    if (nk)     /* no value columns at all: the scores alone */
         FA_SFX(fa_pv1_qk_pass)(p, vv, ldv, 0, 0, o, 0, 0, qp, D, kn, ksr, nk, sn);
+}
+
+/* fa_pv_qk_row1 without the next tile's scores. */
+static inline void FA_SFX(fa_pv_row1)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1,
+                                      FA_T *o, int64_t nvec, int prefetch)
+{
+    FA_SFX(fa_pv_qk_row1)(p, vv, ldv, k0, k1, o, nvec, prefetch, NULL, 0, NULL, 0, 0, NULL);
 }
 
 /* O[i][0:nvec*W] += sum_{k in [k0,k1)} P[i][k] * V[k][0:nvec*W] for i < nr, V rows
