@@ -17,6 +17,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef __AVX512F__
+#define V __m512
+#define VW 16
+#define ZERO _mm512_setzero_ps
+#define LOAD _mm512_load_ps
+#define ADD _mm512_add_ps
+#define STORE _mm512_storeu_ps
+#else
+#define V __m256
+#define VW 8
+#define ZERO _mm256_setzero_ps
+#define LOAD _mm256_load_ps
+#define ADD _mm256_add_ps
+#define STORE _mm256_storeu_ps
+#endif
+
 int main(int argc, char **argv)
 {
     size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 128;
@@ -38,21 +54,6 @@ int main(int argc, char **argv)
 #pragma omp parallel num_threads(nt)
         {
             size_t c = n / nt, lo = c * omp_get_thread_num(), hi = lo + c;
-#ifdef __AVX512F__
-#  define V __m512
-#  define VW 16
-#  define ZERO _mm512_setzero_ps
-#  define LOAD _mm512_load_ps
-#  define ADD _mm512_add_ps
-#  define STORE _mm512_storeu_ps
-#else
-#  define V __m256
-#  define VW 8
-#  define ZERO _mm256_setzero_ps
-#  define LOAD _mm256_load_ps
-#  define ADD _mm256_add_ps
-#  define STORE _mm256_storeu_ps
-#endif
             V s0 = ZERO(), s1 = s0, s2 = s0, s3 = s0;
             for (size_t t0 = lo; t0 < hi; t0 += tile)
                 for (int w = 0; w < 2; w++) {
