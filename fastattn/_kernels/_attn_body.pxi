@@ -68,9 +68,9 @@ cdef extern from "simd.h" nogil:
     void fa_talibi_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0, const double *slopes,
                      const int64_t *goff, const int64_t *pos, int64_t ni, int nv)
     void fa_qk_block_f(const float *qp, int64_t ldq, const float *kt, int64_t D,
-                       float *s, int64_t lds, int64_t c0, int64_t c1)
+                       float *s, int64_t lds, int64_t c0, int64_t e)
     void fa_qk_block_d(const double *qp, int64_t ldq, const double *kt, int64_t D,
-                       double *s, int64_t lds, int64_t c0, int64_t c1)
+                       double *s, int64_t lds, int64_t c0, int64_t e)
     void fa_pv_block_f(const float *p, int64_t ldp, const float *vp, int64_t ldv,
                        int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
     void fa_pv_block_d(const double *p, int64_t ldp, const double *vp, int64_t ldv,
@@ -289,11 +289,11 @@ cdef inline void row_softcap(floating *x, int64_t n, floating c) noexcept nogil:
         fa_row_softcap_d(x, n, c)
 
 cdef inline void qk_block(const floating *qp, int64_t ldq, const floating *kt, int64_t D,
-                          floating *s, int64_t lds, int64_t c0, int64_t c1) noexcept nogil:
+                          floating *s, int64_t lds, int64_t c0, int64_t e) noexcept nogil:
     if floating is float:
-        fa_qk_block_f(qp, ldq, kt, D, s, lds, c0, c1)
+        fa_qk_block_f(qp, ldq, kt, D, s, lds, c0, e)
     else:
-        fa_qk_block_d(qp, ldq, kt, D, s, lds, c0, c1)
+        fa_qk_block_d(qp, ldq, kt, D, s, lds, c0, e)
 
 cdef inline void pv_block(const floating *p, int64_t ldp, const floating *vp, int64_t ldv,
                           int64_t k0, int64_t k1, floating *o, int64_t ldo, int64_t nvec) noexcept nogil:
@@ -616,13 +616,15 @@ cdef void pack_k_tile(const Plan *P, floating *kt, const floating *kbase, int64_
             src = kbase + (t0 + j) * sr
             for d in range(Dk):
                 panel[d * NR] = src[d * sc]
-    # a partial last panel: the QK kernel computes all NR columns, so the ones past
-    # the tile get zeros rather than the workspace's old contents (subnormal garbage
-    # would make those FMAs microcode assists)
+    # a partial last panel: the QK kernel computes whole vectors of it (one, or
+    # all NR columns), so the columns past the tile that it reads get zeros rather
+    # than the workspace's old contents (subnormal garbage would make those FMAs
+    # microcode assists)
     if n % NR:
         panel = kt + (n // NR) * Dk * NR
+        nk = W if n % NR <= W else NR
         for d in range(Dk):
-            for j in range(n % NR, NR):
+            for j in range(n % NR, nk):
                 panel[d * NR + j] = 0
 
 
@@ -867,7 +869,7 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
         while i0 < nr:
             rows_key_span(ws, i0, min(i0 + FA_QK_MR, nr), t0, n, &a, &e)
             if a < e:
-                qk_block(qp + i0 * Dk, Dk, kt, Dk, s + i0 * BLOCK_K, BLOCK_K, a // NR, (e + NR - 1) // NR)
+                qk_block(qp + i0 * Dk, Dk, kt, Dk, s + i0 * BLOCK_K, BLOCK_K, a // NR, e)
             i0 += FA_QK_MR
 
         # per row: options, then the online softmax update (or final weights)

@@ -97,40 +97,58 @@ static inline FA_V FA_SFX(fa_vexp_nonpos)(FA_V x)
 }
 
 /* Load the first n (< W) lanes, the rest filled with `fill`. */
+/* p[0:n] with the lanes from n on set to fill (0 <= n <= W).  One masked load
+ * where the ISA has one: lanes past n are not read, so p + n may be the end of
+ * an array, and no store-forwarding stall (a row of scalar stores read back as
+ * one vector waits for every store to retire: on the short score rows of a
+ * small problem, where every row ends in a partial vector, that stall was a
+ * large part of the row's softmax). */
 static inline FA_V FA_SFX(fa_load_part)(const FA_T *p, int64_t n, FA_T fill)
-{
-    FA_T tmp[FA_W];
-    for (int i = 0; i < FA_W; i++) tmp[i] = i < n ? p[i] : fill;
-    return FA_SFX(fa_load)(tmp);
-}
-
-/* fa_load_part(p, n, 0) as one masked load where the ISA has one (lanes past n
- * are not read, so p + n may be the end of an array). */
-static inline FA_V FA_SFX(fa_load_tail)(const FA_T *p, int64_t n)
 {
 #if FA_VBYTES == 64 && defined(__AVX512F__)
 #  ifdef FA_DOUBLE
-    return (FA_V)_mm512_maskz_loadu_pd((__mmask8)((1u << n) - 1), p);
+    return (FA_V)_mm512_mask_loadu_pd(_mm512_set1_pd(fill), (__mmask8)((1u << n) - 1), p);
 #  else
-    return (FA_V)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+    return (FA_V)_mm512_mask_loadu_ps(_mm512_set1_ps(fill), (__mmask16)((1u << n) - 1), p);
 #  endif
 #elif FA_VBYTES == 32 && defined(__AVX2__)
 #  ifdef FA_DOUBLE
-    return (FA_V)_mm256_maskload_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), _mm256_setr_epi64x(0, 1, 2, 3)));
+    const __m256i k = _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), _mm256_setr_epi64x(0, 1, 2, 3));
+    return (FA_V)_mm256_blendv_pd(_mm256_set1_pd(fill), _mm256_maskload_pd(p, k), _mm256_castsi256_pd(k));
 #  else
-    return (FA_V)_mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n),
-                                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return (FA_V)_mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, k), _mm256_castsi256_ps(k));
 #  endif
 #else
-    return FA_SFX(fa_load_part)(p, n, 0);
+    FA_T tmp[FA_W];
+    for (int i = 0; i < FA_W; i++) tmp[i] = i < n ? p[i] : fill;
+    return FA_SFX(fa_load)(tmp);
 #endif
 }
 
+/* fa_load_part(p, n, 0). */
+static inline FA_V FA_SFX(fa_load_tail)(const FA_T *p, int64_t n)
+{
+    return FA_SFX(fa_load_part)(p, n, 0);
+}
+
+/* p[0:n] = the first n lanes of v (0 <= n <= W): a masked store on AVX-512;
+ * elsewhere one vector store to the stack read back lane by lane (a store
+ * read back in smaller pieces forwards without a stall; AVX2's vmaskmovps
+ * store is slow on some AMD cores). */
 static inline void FA_SFX(fa_store_part)(FA_T *p, FA_V v, int64_t n)
 {
+#if FA_VBYTES == 64 && defined(__AVX512F__)
+#  ifdef FA_DOUBLE
+    _mm512_mask_storeu_pd(p, (__mmask8)((1u << n) - 1), (__m512d)v);
+#  else
+    _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v);
+#  endif
+#else
     FA_T tmp[FA_W];
     FA_SFX(fa_store)(tmp, v);
     for (int64_t i = 0; i < n; i++) p[i] = tmp[i];
+#endif
 }
 
 #if FA_HAVE_SHUFFLE
@@ -470,30 +488,46 @@ static inline void FA_SFX(fa_row_softcap)(FA_T *x, int64_t n, FA_T c)
     }
 }
 
-/* QK micro-kernel.  S[0:MR, c*NR:(c+1)*NR] = Qp[0:MR, 0:D] . panel_c for each
- * panel c in [c0, c1).  Qp rows are ldq apart; Kt is stored as panels of
- * D x NR (panel c at kt + c*D*NR, row d of it at + d*NR), so the inner loop
- * reads K sequentially; S rows are lds apart. */
+/* One QK panel: S[0:MR, 0:nv*W] = Qp[0:MR, 0:D] . panel[:, 0:nv*W] (nv <= NV a
+ * compile-time constant after inlining). */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_panel)(const FA_T *restrict qp, int64_t ldq, const FA_T *restrict panel, int64_t D,
+                    FA_T *restrict s, int64_t lds, const int nv)
+{
+    FA_V acc[FA_QK_MR][FA_QK_NV];
+    FA_UNROLL for (int i = 0; i < FA_QK_MR; i++)
+        FA_UNROLL for (int v = 0; v < FA_QK_NV; v++) acc[i][v] = FA_SFX(fa_set1)(0);
+    for (int64_t d = 0; d < D; d++) {
+        FA_V b[FA_QK_NV];
+        FA_UNROLL for (int v = 0; v < FA_QK_NV; v++)
+            if (v < nv) b[v] = FA_SFX(fa_load)(panel + d * FA_QK_NR + v * FA_W);
+        FA_UNROLL for (int i = 0; i < FA_QK_MR; i++) {
+            const FA_V a = FA_SFX(fa_set1)(qp[i * ldq + d]);
+            FA_UNROLL for (int v = 0; v < FA_QK_NV; v++)
+                if (v < nv) acc[i][v] += a * b[v];
+        }
+    }
+    FA_UNROLL for (int i = 0; i < FA_QK_MR; i++)
+        FA_UNROLL for (int v = 0; v < FA_QK_NV; v++)
+            if (v < nv) FA_SFX(fa_store)(s + i * lds + v * FA_W, acc[i][v]);
+}
+
+/* QK micro-kernel.  S[0:MR, c*NR:e] = Qp[0:MR, 0:D] . panel_c for each panel c
+ * from c0 on that holds columns below e.  Qp rows are ldq apart; Kt is stored as
+ * panels of D x NR (panel c at kt + c*D*NR, row d of it at + d*NR), so the inner
+ * loop reads K sequentially; S rows are lds apart.  A last panel with at most one
+ * vector of columns below e is computed one vector wide (a tile of 33 keys is one
+ * and a half panels, not two; a causal diagonal block ends anywhere); the
+ * columns past e of it are left unwritten. */
 static inline void FA_SFX(fa_qk_block)(const FA_T *restrict qp, int64_t ldq,
                                        const FA_T *restrict kt, int64_t D,
-                                       FA_T *restrict s, int64_t lds, int64_t c0, int64_t c1)
+                                       FA_T *restrict s, int64_t lds, int64_t c0, int64_t e)
 {
-    for (int64_t c = c0; c < c1; c++) {
-        const FA_T *panel = kt + c * D * FA_QK_NR;
-        FA_V acc[FA_QK_MR][FA_QK_NV];
-        FA_UNROLL for (int i = 0; i < FA_QK_MR; i++)
-            FA_UNROLL for (int v = 0; v < FA_QK_NV; v++) acc[i][v] = FA_SFX(fa_set1)(0);
-        for (int64_t d = 0; d < D; d++) {
-            FA_V b[FA_QK_NV];
-            FA_UNROLL for (int v = 0; v < FA_QK_NV; v++) b[v] = FA_SFX(fa_load)(panel + d * FA_QK_NR + v * FA_W);
-            FA_UNROLL for (int i = 0; i < FA_QK_MR; i++) {
-                const FA_V a = FA_SFX(fa_set1)(qp[i * ldq + d]);
-                FA_UNROLL for (int v = 0; v < FA_QK_NV; v++) acc[i][v] += a * b[v];
-            }
-        }
-        FA_UNROLL for (int i = 0; i < FA_QK_MR; i++)
-            FA_UNROLL for (int v = 0; v < FA_QK_NV; v++)
-                FA_SFX(fa_store)(s + i * lds + c * FA_QK_NR + v * FA_W, acc[i][v]);
+    for (int64_t c = c0; c * FA_QK_NR < e; c++) {
+        if (FA_QK_NV > 1 && e - c * FA_QK_NR <= FA_W)
+            FA_SFX(fa_qk_panel)(qp, ldq, kt + c * D * FA_QK_NR, D, s + c * FA_QK_NR, lds, 1);
+        else
+            FA_SFX(fa_qk_panel)(qp, ldq, kt + c * D * FA_QK_NR, D, s + c * FA_QK_NR, lds, FA_QK_NV);
     }
 }
 
