@@ -96,6 +96,11 @@ EXTRA_CASES = [
             "path, keys and values read in place"),
     _A("d256", 1, 4, 1024, 1024, 256, extra=True,
        note="head size 256"),
+    _A("short", 1, 4, 33, 33, 64, extra=True,
+       note="a short odd length: each score row ends in a partial vector and a tile in a "
+            "partial key panel; threaded, tens of microseconds"),
+    _A("small-heads", 64, 8, 32, 32, 64, extra=True,
+       note="many small heads (512 units of 32x32)"),
 ]
 
 
