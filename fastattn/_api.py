@@ -181,8 +181,9 @@ q : array_like, shape (..., Lq, Dk)
 k : array_like, shape (..., Lk, Dk)
 v : array_like, shape (..., Lk, Dv)
     Leading (batch) dims broadcast by NumPy rules without copies.  When the
-    head axis (-3) of ``q`` is g > 1 times that of ``k``/``v``, query head h
-    uses key/value head h // g (grouped-query attention).
+    head axis (-3) of ``q`` is g > 1 times that of ``k``/``v`` (one key/value
+    head included), query head h uses key/value head h // g (grouped- and
+    multi-query attention): each key and value is read once for its group.
 scale : float, optional
     Multiplies the scores; default ``1 / sqrt(Dk)``.
 causal : {False, True, "top_left", "bottom_right"}
@@ -247,9 +248,11 @@ def _attention_general(q, k, v, scale=None, causal=False, mask=None, bias=None, 
     qb, kb, vb = q.shape[:-2], k.shape[:-2], v.shape[:-2]
     kvb = _broadcast((kb, vb), ("k", "v"))
     g = 1
-    # grouped heads (torch enable_gqa): k and v share a head count that divides q's
+    # grouped heads (torch enable_gqa): k and v share a head count that divides q's;
+    # one key/value head (multi-query) is grouped too, not broadcast, so the kernel
+    # reads each key and value once for all the query heads
     if (len(qb) >= 1 and len(kb) >= 1 and len(vb) >= 1 and kb[-1] == vb[-1]
-            and kvb[-1] not in (1, qb[-1]) and qb[-1] % kvb[-1] == 0):
+            and 0 < kvb[-1] < qb[-1] and qb[-1] % kvb[-1] == 0):
         g = qb[-1] // kvb[-1]
     if g > 1:
         bshape = _broadcast((qb[:-1] + (kvb[-1],), kb, vb), ("q (heads grouped)", "k", "v"))

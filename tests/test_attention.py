@@ -365,7 +365,8 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
     general path: the same results, the same errors.  (numpy float scalars are
     the fast path's: 1 / np.sqrt(d) is a numpy.float64.)"""
     import fastattn._api as api
-    shapes = [((2, 6), (2, 6), 5, 40), ((2, 6), (2, 2), 5, 40), ((6,), (3,), 40, 9), ((1, 4), (1, 2), 1, 33)]
+    shapes = [((2, 6), (2, 6), 5, 40), ((2, 6), (2, 2), 5, 40), ((6,), (3,), 40, 9), ((1, 4), (1, 2), 1, 33),
+              ((2, 6), (2, 1), 5, 40), ((3, 4), (1, 4), 3, 20), ((2, 4), (1, 1), 1, 33)]   # MQA; shared k, v
     options = [dict(causal=None), dict(causal=True), dict(causal="top_left"),
                dict(causal="bottom_right"), dict(window=3), dict(window=(2, None)),
                dict(window=[None, 1], causal="bottom_right"), dict(window=(0, 0)),
@@ -476,9 +477,11 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
         w = fastattn.attention(q, k, v, return_weights=np.True_, causal=True)
         assert isinstance(w, tuple) and len(w) == 2
         np.testing.assert_array_equal(w[1], fastattn.attention(q, k, v, return_weights=True, causal=True)[1])
-        np.testing.assert_array_equal(fastattn.attention(q, k[:, :1], v[:, :1]),
-                                      fastattn.attention(q, np.repeat(k[:, :1], 6, axis=1),
-                                                         np.repeat(v[:, :1], 6, axis=1)))
+        # one key/value head (multi-query) is grouped (6 query heads over 1), not
+        # broadcast: the same values as the heads repeated, to rounding
+        assert_close(fastattn.attention(q, k[:, :1], v[:, :1]),
+                     fastattn.attention(q, np.repeat(k[:, :1], 6, axis=1), np.repeat(v[:, :1], 6, axis=1)),
+                     dtype)
         for kw, err, match in ((dict(window=(1, 2, 3)), TypeError, "window"),
                                (dict(window=-1), ValueError, "window"),
                                (dict(window=True), TypeError, "window"),

@@ -2023,9 +2023,10 @@ cdef object attention_fast_impl(q, k, v, scale, causal, window, softcap, return_
     loop passes: scale, causal, window, softcap, return_lse, out, grouped heads,
     kv_lengths, a boolean mask, a bias, ALiBi slopes (and return_weights).
 
-    Taken when q, k, v are ndarrays of one native float dtype with identical batch
-    dims (k and v may have fewer heads than q, a divisor of them: grouped-query
-    attention), scale and softcap are floats (or None) as fast_real takes them,
+    Taken when q, k, v are ndarrays of one native float dtype and the same number
+    of dims, k and v with identical batch dims that equal q's or are 1 (shared by
+    q's batch elements), or on the head axis a divisor of q's (grouped-query
+    attention; one key/value head: multi-query), scale and softcap are floats (or None) as fast_real takes them,
     causal is False, None, True, "top_left" or "bottom_right", window None, an int
     or a pair of ints or None, return_lse and return_weights bools, kv_lengths (if
     given) an int32 or int64 ndarray that broadcasts to q's batch dims with every
@@ -2088,11 +2089,13 @@ cdef object attention_fast_impl(q, k, v, scale, causal, window, softcap, return_
         if va.shape[d] != ka.shape[d]:
             return None
         if ka.shape[d] != qa.shape[d]:
-            # grouped heads: the head axis (-3) of k and v divides q's (the general
-            # path's rule; one key head is broadcasting, left to it)
-            if d != nd - 3 or ka.shape[d] <= 1 or qa.shape[d] % ka.shape[d]:
+            if d == nd - 3 and 0 < ka.shape[d] < qa.shape[d] and qa.shape[d] % ka.shape[d] == 0:
+                # grouped heads: the head axis (-3) of k and v divides q's (the
+                # general path's rule; one key/value head too: multi-query)
+                g = qa.shape[d] // ka.shape[d]
+            elif ka.shape[d] != 1:
                 return None
-            g = qa.shape[d] // ka.shape[d]
+            # else k and v are shared along this batch dim (stride 0 in the plan)
     if ka.shape[nd - 1] != qa.shape[nd - 1] or va.shape[nd - 2] != ka.shape[nd - 2]:
         return None
     if scale is None:
@@ -2154,7 +2157,9 @@ cdef object attention_fast_impl(q, k, v, scale, causal, window, softcap, return_
 
     P.nb = nd - 2
     for d in range(P.nb):
-        P.bshape[d] = ka.shape[d]       # the key heads when grouped
+        P.bshape[d] = qa.shape[d]       # q's batch dims (k and v may broadcast) ...
+    if g > 1:
+        P.bshape[P.nb - 1] = ka.shape[P.nb - 1]     # ... with the key heads when grouped
     plan_init(&P, qa, ka, va, res, g, sc, code, wl, wr, cap)
     plan_options(&P, mask, bias, kvt, slt, wts, lse)
     plan_run(&P, typenum, num_threads)
