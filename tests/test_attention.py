@@ -396,7 +396,8 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                       dict(mask=np.asfortranarray(m[(0,) * len(qb)]), return_lse=True),   # (Lq, Lk), strided
                       dict(bias=randn(rng, qb + (Lq, Lk), dtype)),
                       dict(bias=randn(rng, (Lq, 1), dtype), mask=m, softcap=3.0),
-                      dict(bias=randn(rng, qb[-1:] + (1, Lk), dtype), kv_lengths=np.array(Lk // 2))]
+                      dict(bias=randn(rng, qb[-1:] + (1, Lk), dtype), kv_lengths=np.array(Lk // 2)),
+                      dict(mask=m[(0,) * len(qb)][-1], bias=randn(rng, (Lk,), dtype))]  # 1-D: per key
         alibi_opts = [dict(alibi_slopes=rng.uniform(0, 1, qb)),                            # float64
                       dict(alibi_slopes=rng.uniform(0, 1, qb[-1:]).astype(np.float32),     # per head
                            causal="bottom_right", return_lse=True),

@@ -2031,7 +2031,7 @@ cdef object attention_fast_impl(q, k, v, scale, causal, window, softcap, return_
     or a pair of ints or None, return_lse and return_weights bools, kv_lengths (if
     given) an int32 or int64 ndarray that broadcasts to q's batch dims with every
     length in [0, Lk], alibi_slopes a float32 or float64 ndarray that broadcasts
-    to them, mask (bool) and bias (the dtype of q) ndarrays of at least 2 dims
+    to them, mask (bool) and bias (the dtype of q) ndarrays of at least 1 dim
     that broadcast to q's batch dims + (Lq, Lk), and out (if given) a writeable, aligned array of that dtype and
     the output's shape that overlaps none of them.  Returns None for anything else,
     and the caller takes the general path, which also produces the errors.  Small
@@ -2118,6 +2118,12 @@ cdef object attention_fast_impl(q, k, v, scale, causal, window, softcap, return_
         slt = fast_batch_table(alibi_slopes, qa, ka.shape[nd - 2], typenum)
         if slt is None:
             return None
+    # a 1-D mask or bias (per key: a padding mask) is its (1, Lk) view, as the
+    # general path makes it
+    if type(mask) is cnp.ndarray and (<cnp.ndarray>mask).ndim == 1:
+        mask = mask[None]
+    if type(bias) is cnp.ndarray and (<cnp.ndarray>bias).ndim == 1:
+        bias = bias[None]
     if mask is not None and (type(mask) is not cnp.ndarray
                              or not fast_score_operand(mask, qa, ka.shape[nd - 2], cnp.NPY_BOOL)):
         return None
