@@ -583,3 +583,30 @@ def test_long_keys_small_queries_many_threads(rng):
 def test_many_rows_tiny_dims(rng):
     q, k, v = _make(rng, ((3,), (3,), (3,), 1500, 700, 1, 1), np.float32)
     assert_close(fastattn.attention(q, k, v, causal=True), R.attention(q, k, v, causal=True), np.float32)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("Lq", [4, 40, 300])
+def test_steep_score_falloff(Lq, dtype, rng):
+    """Scores that fall off steadily along a row (ALiBi, a distance bias, large
+    logits) give probabilities spanning the whole exponent range: the kernels
+    drop the P.V terms far below float rounding (fa_vexp_p) to keep subnormals
+    out of the multiply-adds, and the result still matches the float64
+    reference; returned weights and softmax() keep their tiny values."""
+    Lk = 333
+    q = randn(rng, (2, 2, Lq, 32), dtype)
+    k = randn(rng, (2, 2, Lk, 32), dtype)
+    v = randn(rng, (2, 2, Lk, 16), dtype)
+    for opts in (dict(alibi_slopes=np.array([1.0, 4.0])),
+                 dict(alibi_slopes=np.array([0.3, 1.0]), causal="bottom_right"),
+                 dict(bias=-np.abs(np.arange(Lq)[:, None] - np.arange(Lk)[None, :]).astype(dtype)),
+                 dict(scale=8.0)):                                       # logits of size ~50
+        assert_close(fastattn.attention(q, k, v, **opts), R.attention(q, k, v, **opts), dtype,
+                     what=str(sorted(opts)))
+    # a probability of e^-50 (~2e-22): below the P.V cut, kept where it is returned
+    s = np.array([[0.0, -50.0, -80.0]], dtype)
+    want = np.exp(s - np.log(np.exp(s.astype(np.float64)).sum()))
+    np.testing.assert_allclose(fastattn.softmax(s), want, rtol=1e-5)
+    qq = np.ones((1, 1), dtype)
+    _, w = fastattn.attention(qq, s.T, np.ones((3, 1), dtype), scale=1.0, return_weights=True)
+    np.testing.assert_allclose(w, want, rtol=1e-5)

@@ -53,6 +53,10 @@ cdef extern from "simd.h" nogil:
     void fa_tout_rows_d(const double *ot, int64_t ldo, int64_t nr, int64_t Dv, const double *inv, double *o, int64_t sor)
     float fa_row_exp_sum_f(const float *x, float *y, int64_t n, float m)
     double fa_row_exp_sum_d(const double *x, double *y, int64_t n, double m)
+    float fa_row_exp_sum_p_f(const float *x, float *y, int64_t n, float m)
+    double fa_row_exp_sum_p_d(const double *x, double *y, int64_t n, double m)
+    float fa_exp_p_f(float x)
+    double fa_exp_p_d(double x)
     void fa_row_scale_f(const float *x, float *y, int64_t n, float a)
     void fa_row_scale_d(const double *x, double *y, int64_t n, double a)
     void fa_row_shift_f(const float *x, float *y, int64_t n, float a)
@@ -912,8 +916,13 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
                     for j in range(n):
                         srow[j] = 0
                     continue
-                alpha = <floating>exp(m[i] - mn)
-                sm = row_exp_sum(srow + a, srow + a, e - a, mn)
+                # probabilities (and the rescale) as fa_vexp_p: 0 below e^FA_P_LO
+                if floating is float:
+                    alpha = fa_exp_p_f(m[i] - mn)
+                    sm = fa_row_exp_sum_p_f(srow + a, srow + a, e - a, mn)
+                else:
+                    alpha = fa_exp_p_d(m[i] - mn)
+                    sm = fa_row_exp_sum_p_d(srow + a, srow + a, e - a, mn)
                 l[i] = l[i] * alpha + sm
                 m[i] = mn
                 if need_pv and alpha != 1:

@@ -197,6 +197,9 @@ typedef int32_t fa_vi_f __attribute__((vector_size(FA_VBYTES)));
 #define FA_EXP_LO (-87.3f)            /* below: result < smallest normal, returned as 0 */
 #define FA_EXP_HI (88.37f)            /* above: returned as +inf (true overflow from 88.72) */
 #define FA_EXP_ZERO (-88.0f)          /* rounds to n = -127: 2^n built as +0 */
+#define FA_P_ZERO (-44.0f)            /* fa_vexp_p: rounds to n = -63, built as +0 with ... */
+#define FA_P_BIAS 63.0f               /* ... this bias, */
+#define FA_P_SCALE 0x1p64f            /* the polynomial scaled by 2^(127 - 63) */
 #define FA_MAGIC 12582912.0f          /* 1.5 * 2^23: adding it rounds to an integer */
 #define FA_MANT_BITS 23
 #define FA_EXP_BIAS 127
@@ -209,6 +212,9 @@ typedef int32_t fa_vi_f __attribute__((vector_size(FA_VBYTES)));
 #undef FA_EXP_LO
 #undef FA_EXP_HI
 #undef FA_EXP_ZERO
+#undef FA_P_ZERO
+#undef FA_P_BIAS
+#undef FA_P_SCALE
 #undef FA_MAGIC
 #undef FA_MANT_BITS
 #undef FA_EXP_BIAS
@@ -224,6 +230,9 @@ typedef int64_t fa_vi_d __attribute__((vector_size(FA_VBYTES)));
 #define FA_EXP_LO (-708.0)
 #define FA_EXP_HI (709.0)
 #define FA_EXP_ZERO (-709.0)          /* rounds to n = -1023: 2^n built as +0 */
+#define FA_P_ZERO (-400.0)            /* rounds to n = -577 */
+#define FA_P_BIAS 577.0
+#define FA_P_SCALE 0x1p446            /* 2^(1023 - 577) */
 #define FA_MAGIC 6755399441055744.0   /* 1.5 * 2^52 */
 #define FA_MANT_BITS 52
 #define FA_EXP_BIAS 1023
@@ -238,6 +247,9 @@ typedef int64_t fa_vi_d __attribute__((vector_size(FA_VBYTES)));
 #undef FA_EXP_LO
 #undef FA_EXP_HI
 #undef FA_EXP_ZERO
+#undef FA_P_ZERO
+#undef FA_P_BIAS
+#undef FA_P_SCALE
 #undef FA_MAGIC
 #undef FA_MANT_BITS
 #undef FA_EXP_BIAS

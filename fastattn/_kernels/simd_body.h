@@ -30,7 +30,7 @@ static inline FA_V FA_SFX(fa_select)(FA_VI mask, FA_V a, FA_V b)
     return (FA_V)(((FA_VI)a & mask) | ((FA_VI)b & ~mask));
 }
 
-/* 2^n * p(r) for x = n*ln2 + r, |r| <= ln2/2, with n + bias in [0, 2*bias]
+/* 2^n * p(r) for x = n*ln2 + r, |r| <= ln2/2, with n + bias in [0, 2*FA_EXP_BIAS]
  * (or x NaN).  n is rounded by adding 1.5*2^mantissa + bias, whose low mantissa
  * bits then hold n + bias: shifted into the exponent field they are 2^n, or
  * +0 for n = -bias: an exact 0 (AVX-512's scalef instead of the shift and
@@ -38,38 +38,48 @@ static inline FA_V FA_SFX(fa_select)(FA_VI mask, FA_V a, FA_V b)
  * where half the scores are -inf: an underflowing result takes a microcode
  * assist on Intel cores).
  * p(r) ~ exp(r) with p(0) = 1 exactly: minimax polynomials of degree 6 (float,
- * relative error 2.0e-9 before rounding) and 11 (double, 3.5e-18), Horner. */
-static inline FA_V FA_SFX(fa_exp_core)(FA_V xc)
+ * relative error 2.0e-9 before rounding) and 11 (double, 3.5e-18), Horner.
+ * With a smaller bias b the exact 0 comes at n = -b instead: the exponent field
+ * n + b then stands for 2^(n + b - FA_EXP_BIAS), and the polynomial's
+ * coefficients carry the missing factor sc = 2^(FA_EXP_BIAS - b) (a power of
+ * two: every Horner step is the unscaled one times sc, rounded alike, so the
+ * result has the same bits wherever it is a normal number). */
+static inline __attribute__((always_inline)) FA_V FA_SFX(fa_exp_core_b)(FA_V xc, const FA_T b, const FA_T sc)
 {
-    const FA_V t = xc * (FA_T)1.44269504088896341 + (FA_MAGIC + FA_EXP_BIAS);
-    const FA_V n = t - (FA_MAGIC + FA_EXP_BIAS);
+    const FA_V t = xc * (FA_T)1.44269504088896341 + (FA_MAGIC + b);
+    const FA_V n = t - (FA_MAGIC + b);
 #ifdef FA_DOUBLE
     FA_V r = xc - n * 6.93145751953125E-1;
     r = r - n * 1.42860682030941723212E-6;
-    FA_V p = FA_SFX(fa_set1)(2.499118884489274055e-8);
-    p = p * r + 2.763132843850631781e-7;
-    p = p * r + 2.755762916579226872e-6;
-    p = p * r + 2.480148986345278541e-5;
-    p = p * r + 1.984126943191994086e-4;
-    p = p * r + 1.388888894704294583e-3;
-    p = p * r + 8.333333333553175658e-3;
-    p = p * r + 4.166666666651544158e-2;
-    p = p * r + 1.666666666666620817e-1;
-    p = p * r + 5.000000000000012745e-1;
-    p = p * r + 1.000000000000000024;
-    p = p * r + 1.0;
+    FA_V p = FA_SFX(fa_set1)((FA_T)(2.499118884489274055e-8) * sc);
+    p = p * r + (FA_T)(2.763132843850631781e-7) * sc;
+    p = p * r + (FA_T)(2.755762916579226872e-6) * sc;
+    p = p * r + (FA_T)(2.480148986345278541e-5) * sc;
+    p = p * r + (FA_T)(1.984126943191994086e-4) * sc;
+    p = p * r + (FA_T)(1.388888894704294583e-3) * sc;
+    p = p * r + (FA_T)(8.333333333553175658e-3) * sc;
+    p = p * r + (FA_T)(4.166666666651544158e-2) * sc;
+    p = p * r + (FA_T)(1.666666666666620817e-1) * sc;
+    p = p * r + (FA_T)(5.000000000000012745e-1) * sc;
+    p = p * r + (FA_T)(1.000000000000000024) * sc;
+    p = p * r + (FA_T)(1.0) * sc;
 #else
     FA_V r = xc - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
-    FA_V p = FA_SFX(fa_set1)(1.384346530388662598e-3f);
-    p = p * r + 8.374316813622095255e-3f;
-    p = p * r + 4.166801284456309566e-2f;
-    p = p * r + 1.666642940717968866e-1f;
-    p = p * r + 4.999999413903377880e-1f;
-    p = p * r + 1.000000032541406760f;
-    p = p * r + 1.0f;
+    FA_V p = FA_SFX(fa_set1)((FA_T)(1.384346530388662598e-3f) * sc);
+    p = p * r + (FA_T)(8.374316813622095255e-3f) * sc;
+    p = p * r + (FA_T)(4.166801284456309566e-2f) * sc;
+    p = p * r + (FA_T)(1.666642940717968866e-1f) * sc;
+    p = p * r + (FA_T)(4.999999413903377880e-1f) * sc;
+    p = p * r + (FA_T)(1.000000032541406760f) * sc;
+    p = p * r + (FA_T)(1.0f) * sc;
 #endif
     return p * (FA_V)((FA_VI)t << FA_MANT_BITS);
+}
+
+static inline FA_V FA_SFX(fa_exp_core)(FA_V xc)
+{
+    return FA_SFX(fa_exp_core_b)(xc, FA_EXP_BIAS, 1);
 }
 
 /* exp(x) lane-wise: 0 below FA_EXP_LO (-inf included), +inf above FA_EXP_HI,
@@ -90,13 +100,37 @@ static inline FA_V FA_SFX(fa_vexp)(FA_V x)
  * and everything below gives 0 and NaN passes through (the max's second
  * operand).  Unlike fa_vexp, results between FA_EXP_ZERO and FA_EXP_LO are
  * exp(x) as a subnormal (or 0) instead of 0; arguments above FA_EXP_HI, which a
- * max-subtracted score never is, are not allowed. */
+ * max-subtracted score never is, are not allowed.  For softmax() and returned
+ * attention weights. */
 static inline FA_V FA_SFX(fa_vexp_nonpos)(FA_V x)
 {
     return FA_SFX(fa_exp_core)(FA_SFX(FA_VMAX)(FA_SFX(fa_set1)(FA_EXP_ZERO), x));
 }
 
-/* Load the first n (< W) lanes, the rest filled with `fill`. */
+/* The same for the probabilities that only weight the values in P.V (and enter
+ * the row sum), but 0 below about 2^-62.5 of the row's running max in float
+ * (x < -43.3) and 2^-576.5 in double (x < -399.6), the same bits above.  The reason is speed: with a probability near the bottom of the normal
+ * range, p * v (and the rescaled accumulator) is a subnormal, and every
+ * multiply-add with a subnormal lane costs a microcode assist (~100+ cycles on
+ * Intel cores) for the whole vector.  Scores that fall off steadily along a
+ * row (ALiBi, a distance bias, large logits) put such a probability in most
+ * vectors: 8 heads of 1024^2 with ALiBi slope 1 took 44 ms on one thread, 12.8
+ * ms with this cut (12.6 ms with the CPU's flush-to-zero).  The terms dropped
+ * are below 2^-62.5 of the largest, so an output moves by at most Lk * 2^-62.5
+ * of its scale: far below float32 rounding for any Lk (float64: Lk * 2^-576). */
+static inline FA_V FA_SFX(fa_vexp_p)(FA_V x)
+{
+    /* fa_vexp_nonpos's one max, with the exact 0 moved up to n = -FA_P_BIAS */
+    return FA_SFX(fa_exp_core_b)(FA_SFX(FA_VMAX)(FA_SFX(fa_set1)(FA_P_ZERO), x), FA_P_BIAS, FA_P_SCALE);
+}
+
+/* The same for one argument (the row-major path's rescale factor exp(m_old -
+ * m_new)); libm's exp, bit for bit, from FA_P_ZERO on. */
+static inline FA_T FA_SFX(fa_exp_p)(FA_T x)
+{
+    return x < FA_P_ZERO ? (FA_T)0 : (FA_T)exp(x);
+}
+
 /* p[0:n] with the lanes from n on set to fill (0 <= n <= W).  One masked load
  * where the ISA has one: lanes past n are not read, so p + n may be the end of
  * an array, and no store-forwarding stall (a row of scalar stores read back as
@@ -249,32 +283,51 @@ static inline FA_T FA_SFX(fa_row_max_nonan)(const FA_T *x, int64_t n)
     return FA_SFX(fa_hmax)(m0);
 }
 
-/* y[j] = exp(x[j] - m) for j < n (x and y may be the same row); returns the sum. */
-static inline FA_T FA_SFX(fa_row_exp_sum)(const FA_T *x, FA_T *y, int64_t n, FA_T m)
+/* y[j] = exp(x[j] - m) for j < n (x and y may be the same row) as fa_vexp_p
+ * (p = 1) or fa_vexp_nonpos (p = 0, a compile-time constant); returns the sum. */
+static inline __attribute__((always_inline)) FA_V FA_SFX(fa_vexp_pick)(FA_V x, const int p)
+{
+    return p ? FA_SFX(fa_vexp_p)(x) : FA_SFX(fa_vexp_nonpos)(x);
+}
+
+static inline __attribute__((always_inline)) FA_T
+FA_SFX(fa_row_exp_sum_pick)(const FA_T *x, FA_T *y, int64_t n, FA_T m, const int p)
 {
     const FA_V vm = FA_SFX(fa_set1)(m);
     FA_V s0 = FA_SFX(fa_set1)(0), s1 = s0;
     int64_t j = 0;
     for (; j + 2 * FA_W <= n; j += 2 * FA_W) {
-        FA_V e0 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(x + j) - vm);
-        FA_V e1 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(x + j + FA_W) - vm);
+        FA_V e0 = FA_SFX(fa_vexp_pick)(FA_SFX(fa_load)(x + j) - vm, p);
+        FA_V e1 = FA_SFX(fa_vexp_pick)(FA_SFX(fa_load)(x + j + FA_W) - vm, p);
         FA_SFX(fa_store)(y + j, e0);
         FA_SFX(fa_store)(y + j + FA_W, e1);
         s0 += e0;
         s1 += e1;
     }
     for (; j + FA_W <= n; j += FA_W) {
-        FA_V e0 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(x + j) - vm);
+        FA_V e0 = FA_SFX(fa_vexp_pick)(FA_SFX(fa_load)(x + j) - vm, p);
         FA_SFX(fa_store)(y + j, e0);
         s0 += e0;
     }
     if (j < n) {
         /* the fill value -inf becomes exp(-inf) = 0 and adds nothing */
-        FA_V e0 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load_part)(x + j, n - j, -(FA_T)INFINITY) - vm);
+        FA_V e0 = FA_SFX(fa_vexp_pick)(FA_SFX(fa_load_part)(x + j, n - j, -(FA_T)INFINITY) - vm, p);
         FA_SFX(fa_store_part)(y + j, e0, n - j);
         s1 += e0;
     }
     return FA_SFX(fa_hsum)(s0 + s1);
+}
+
+/* softmax() and returned weights: exp as fa_vexp_nonpos */
+static inline FA_T FA_SFX(fa_row_exp_sum)(const FA_T *x, FA_T *y, int64_t n, FA_T m)
+{
+    return FA_SFX(fa_row_exp_sum_pick)(x, y, n, m, 0);
+}
+
+/* the online softmax of attention (probabilities for P.V): exp as fa_vexp_p */
+static inline FA_T FA_SFX(fa_row_exp_sum_p)(const FA_T *x, FA_T *y, int64_t n, FA_T m)
+{
+    return FA_SFX(fa_row_exp_sum_pick)(x, y, n, m, 1);
 }
 
 /* Softmax (or log-softmax) down nv * W columns at once: element j of column c
@@ -1323,12 +1376,12 @@ FA_SFX(fa_tsoftmax_nv)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, FA_T *m, F
         const FA_V mn = FA_SFX(fa_select)(mt > mo + (FA_T)FA_RESCALE_SLACK, mt, mo);
         moved |= mn != mo;
         const FA_V mn_safe = FA_SFX(fa_select)(mn == ninf, FA_SFX(fa_set1)(0), mn);
-        alpha[v] = FA_SFX(fa_vexp_nonpos)(mo - mn_safe);
+        alpha[v] = FA_SFX(fa_vexp_p)(mo - mn_safe);
         FA_V s0 = FA_SFX(fa_set1)(0), s1 = s0;
         for (j = j0; j + 2 <= j1; j += 2) {
             FA_T *p0 = st + j * lds + v * FA_W, *p1 = p0 + lds;
-            const FA_V e0 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(p0) - mn_safe);
-            const FA_V e1 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(p1) - mn_safe);
+            const FA_V e0 = FA_SFX(fa_vexp_p)(FA_SFX(fa_load)(p0) - mn_safe);
+            const FA_V e1 = FA_SFX(fa_vexp_p)(FA_SFX(fa_load)(p1) - mn_safe);
             FA_SFX(fa_store)(p0, e0);
             FA_SFX(fa_store)(p1, e1);
             s0 += e0;
@@ -1336,7 +1389,7 @@ FA_SFX(fa_tsoftmax_nv)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, FA_T *m, F
         }
         if (j < j1) {
             FA_T *p0 = st + j * lds + v * FA_W;
-            const FA_V e0 = FA_SFX(fa_vexp_nonpos)(FA_SFX(fa_load)(p0) - mn_safe);
+            const FA_V e0 = FA_SFX(fa_vexp_p)(FA_SFX(fa_load)(p0) - mn_safe);
             FA_SFX(fa_store)(p0, e0);
             s0 += e0;
         }
