@@ -916,7 +916,7 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
                     for j in range(n):
                         srow[j] = 0
                     continue
-                # probabilities (and the rescale) as fa_vexp_p: 0 below e^FA_P_LO
+                # probabilities (and the rescale) as fa_vexp_p: 0 below ~2^-62.5 of the max
                 if floating is float:
                     alpha = fa_exp_p_f(m[i] - mn)
                     sm = fa_row_exp_sum_p_f(srow + a, srow + a, e - a, mn)
@@ -1675,10 +1675,11 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     # core's cache from one call to the next.  Handed out dynamically, a unit
     # often lands on the other core, whose stores must first take every line
     # of its output rows from the first core: on 2 cores (Intel Xeon, AVX-512)
-    # 16 heads of 16x16 D 64 took 15.3 us against 11.5 static, 8 heads of
-    # 64x64 43.6 against 36.9; causal 8x64x64 1.14x, 8x128x128 1.06x.  Larger
-    # problems keep the dynamic heaviest-first order: a static map of causal
-    # units is unbalanced there (8 heads of 256x256 0.77x, round-robin).
+    # 16 heads of 16x16 D 64 took 15.3 us against 12.6 mapped, 8 heads of 64x64
+    # 43.6 against 34.6, causal 38.1 against 33.0.  Larger problems keep the
+    # dynamic heaviest-first order, which also copes with a preempted thread
+    # (the zigzag map measured level with it there; plain round-robin left
+    # causal units unbalanced: 8 heads of 256x256 0.77x).
     static_map = plan_work(P) < STATIC_MAX_WORK
     if not use_threads:
         # Small problems: no OpenMP region at all (even a one-thread region is a
@@ -2035,14 +2036,14 @@ cdef object attention_fast_impl(q, k, v, scale, causal, window, softcap, return_
     Taken when q, k, v are ndarrays of one native float dtype and the same number
     of dims, k and v with identical batch dims that equal q's or are 1 (shared by
     q's batch elements), or on the head axis a divisor of q's (grouped-query
-    attention; one key/value head: multi-query), scale and softcap are floats (or None) as fast_real takes them,
-    causal is False, None, True, "top_left" or "bottom_right", window None, an int
+    attention; one key/value head: multi-query), scale and softcap are floats (or
+    None) as fast_real takes them, causal is False, None, True, "top_left" or "bottom_right", window None, an int
     or a pair of ints or None, return_lse and return_weights bools, kv_lengths (if
     given) an int32 or int64 ndarray that broadcasts to q's batch dims with every
     length in [0, Lk], alibi_slopes a float32 or float64 ndarray that broadcasts
     to them, mask (bool) and bias (the dtype of q) ndarrays of at least 1 dim
-    that broadcast to q's batch dims + (Lq, Lk), and out (if given) a writeable, aligned array of that dtype and
-    the output's shape that overlaps none of them.  Returns None for anything else,
+    that broadcast to q's batch dims + (Lq, Lk), and out (if given) a writeable,
+    aligned array of that dtype and the output's shape that overlaps none of them.  Returns None for anything else,
     and the caller takes the general path, which also produces the errors.  Small
     problems run on the calling thread and never ask for a thread count; larger ones
     ask fastattn._threads (which honours num_threads)."""

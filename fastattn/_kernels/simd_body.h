@@ -109,15 +109,17 @@ static inline FA_V FA_SFX(fa_vexp_nonpos)(FA_V x)
 
 /* The same for the probabilities that only weight the values in P.V (and enter
  * the row sum), but 0 below about 2^-62.5 of the row's running max in float
- * (x < -43.3) and 2^-576.5 in double (x < -399.6), the same bits above.  The reason is speed: with a probability near the bottom of the normal
- * range, p * v (and the rescaled accumulator) is a subnormal, and every
- * multiply-add with a subnormal lane costs a microcode assist (~100+ cycles on
- * Intel cores) for the whole vector.  Scores that fall off steadily along a
- * row (ALiBi, a distance bias, large logits) put such a probability in most
- * vectors: 8 heads of 1024^2 with ALiBi slope 1 took 44 ms on one thread, 12.8
- * ms with this cut (12.6 ms with the CPU's flush-to-zero).  The terms dropped
- * are below 2^-62.5 of the largest, so an output moves by at most Lk * 2^-62.5
- * of its scale: far below float32 rounding for any Lk (float64: Lk * 2^-576). */
+ * (x < -43.3) and 2^-576.5 in double (x < -399.6); the same bits above.  The
+ * reason is speed: with a probability near the bottom of the normal range,
+ * p * v (and the rescaled accumulator) is a subnormal, and every multiply-add
+ * with a subnormal lane costs a microcode assist (~100+ cycles on Intel cores)
+ * for the whole vector.  Scores that fall off steadily along a row (ALiBi, a
+ * distance bias, large logits) put such a probability in most vectors: 8
+ * heads of 1024^2 with ALiBi slope 1 took 44 ms on one thread, 12.7 ms with
+ * this cut (12.6 with the CPU's flush-to-zero; 12.6 with slope 0).  The terms
+ * dropped are below 2^-62.5 of the largest, so an output moves by at most
+ * Lk * 2^-62.5 of its scale: far below float32 rounding for any Lk (float64:
+ * Lk * 2^-576). */
 static inline FA_V FA_SFX(fa_vexp_p)(FA_V x)
 {
     /* fa_vexp_nonpos's one max, with the exact 0 moved up to n = -FA_P_BIAS */
@@ -167,9 +169,9 @@ static inline FA_V FA_SFX(fa_load_tail)(const FA_T *p, int64_t n)
 }
 
 /* p[0:n] = the first n lanes of v (0 <= n <= W): a masked store on AVX-512;
- * elsewhere one vector store to the stack read back lane by lane (a store
- * read back in smaller pieces forwards without a stall; AVX2's vmaskmovps
- * store is slow on some AMD cores). */
+ * elsewhere one vector store to the stack copied out lane by lane (a vector
+ * store read back in smaller pieces forwards without a stall; AVX2's masked
+ * store, vmaskmovps, is microcoded on AMD cores). */
 static inline void FA_SFX(fa_store_part)(FA_T *p, FA_V v, int64_t n)
 {
 #if FA_VBYTES == 64 && defined(__AVX512F__)
