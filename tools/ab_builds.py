@@ -1,7 +1,7 @@
 """Paired A/B of two fastattn builds in ONE process, for kernel changes of a few percent.
 
     python tools/ab_builds.py OLD_TREE NEW_TREE [--cases prefill,long,...] [--reps 30]
-    (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L],
+    (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L][:softcap=C],
     or calls:OPT[+OPT...]: 1000 small decode steps with options, e.g. calls:br+kvlen+lse)
 
 OLD_TREE and NEW_TREE are source trees with in-place builds (``python setup.py
@@ -92,7 +92,7 @@ def make_case(case, rng):
         x = rng.standard_normal((2048, 2048)).astype(np.float32)
         return lambda M: M.softmax(x, axis=0)
     if case.startswith("attn:"):
-        # attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=LEFT]
+        # attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=LEFT][:softcap=C]
         # -- any attention shape (window=LEFT: each query sees itself and LEFT keys before it)
         dims, *flags = case[5:].split(":")
         B, Hq, Hkv, Lq, Lk, D = (int(x) for x in dims.split("x"))
@@ -108,6 +108,8 @@ def make_case(case, rng):
         for f in flags:
             if f.startswith("window="):
                 kw["window"] = (int(f[7:]), 0)
+            elif f.startswith("softcap="):
+                kw["softcap"] = float(f[8:])
         q = rng.standard_normal((B, Hq, Lq, D)).astype(dt)
         k, v = (rng.standard_normal((B, Hkv, Lk, D)).astype(dt) for _ in range(2))
         return lambda M: M.attention(q, k, v, causal=causal, return_weights=weights, mask=mask, **kw)
@@ -137,7 +139,7 @@ def make_case(case, rng):
                 M.attention(q, k, v, **kw)
         return calls
     sys.exit(f"unknown case {case!r}; known: {', '.join(list(CASES) + OTHER)}, "
-             "attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L], or calls:OPT[+OPT...]")
+             "attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L][:softcap=C], or calls:OPT[+OPT...]")
 
 
 def main(argv=None):

@@ -510,6 +510,35 @@ static inline void FA_SFX(fa_row_shift)(const FA_T *x, FA_T *y, int64_t n, FA_T 
     for (; j < n; j++) y[j] = x[j] + a;
 }
 
+/* 1 if every lane of the comparison mask m is set: one movemask / test where
+ * x86 has one (a loop over the lanes extracts them one by one). */
+static inline int FA_SFX(fa_all)(FA_VI m)
+{
+#if FA_VBYTES == 64 && defined(__AVX512F__)
+#  ifdef FA_DOUBLE
+    return _mm512_test_epi64_mask((__m512i)m, (__m512i)m) == 0xFF;
+#  else
+    return _mm512_test_epi32_mask((__m512i)m, (__m512i)m) == 0xFFFF;
+#  endif
+#elif FA_VBYTES == 32 && defined(__AVX2__)
+#  ifdef FA_DOUBLE
+    return _mm256_movemask_pd((__m256d)m) == 0xF;
+#  else
+    return _mm256_movemask_ps((__m256)m) == 0xFF;
+#  endif
+#elif FA_VBYTES == 16 && defined(__SSE2__)
+#  ifdef FA_DOUBLE
+    return _mm_movemask_pd((__m128d)m) == 0x3;
+#  else
+    return _mm_movemask_ps((__m128)m) == 0xF;
+#  endif
+#else
+    int all = 1;
+    for (int i = 0; i < FA_W; i++) all &= m[i] != 0;
+    return all;
+#endif
+}
+
 /* x[j] = c * tanh(x[j] / c).  For |u| = |x/c| below a threshold tanh comes from
  * its odd Taylor series (to u^15), above it from 1 - 2 / (exp(2u) + 1), which
  * gives the exact limits +-1 for large |u| and propagates NaN; each form is used
@@ -535,9 +564,16 @@ static inline void FA_SFX(fa_row_softcap)(FA_T *x, int64_t n, FA_T c)
         p = p * u2 + (FA_T)(2.0 / 15.0);
         p = p * u2 + (FA_T)(-1.0 / 3.0);
         p = p * u2 * u + u;
-        FA_V e = FA_SFX(fa_vexp)(u + u);
-        FA_V big = 1 - 2 / (e + 1);
-        FA_V t = FA_SFX(fa_select)((u < thr) & (u > -thr), p, big) * c;
+        /* the exp and the division only for a vector with a lane past the
+         * threshold (scores are mostly well inside a cap: c = 50 for Gemma 2) */
+        const FA_VI small = (u < thr) & (u > -thr);
+        FA_V t = p;
+        if (!FA_SFX(fa_all)(small)) {
+            FA_V e = FA_SFX(fa_vexp)(u + u);
+            FA_V big = 1 - 2 / (e + 1);
+            t = FA_SFX(fa_select)(small, p, big);
+        }
+        t = t * c;
         if (m == FA_W) FA_SFX(fa_store)(x + j, t);
         else FA_SFX(fa_store_part)(x + j, t, m);
     }
