@@ -84,6 +84,10 @@ def check_attention(case, inputs, out):
         ref_kw = dict(kw)
         if case["kv_lengths"]:
             ref_kw["kv_lengths"] = inputs["kv_lengths"][b]
+        # ALiBi's distances depend on the absolute row: the reference gets the
+        # biases of the rows it is given
+        alibi = H.alibi_bias(case, inputs, np, heads=[h])
+        ref_kw.pop("alibi_slopes", None)
         mask = inputs.get("mask")
         for rows, causal in ((slice(0, r), case["causal"] and "top_left"),
                              (slice(case["Lq"] - r, case["Lq"]), case["causal"] and "bottom_right")):
@@ -94,6 +98,8 @@ def check_attention(case, inputs, out):
                 nk = case["Lk"]
             if mask is not None:
                 ref_kw["mask"] = mask[rows, :nk]
+            if alibi is not None:
+                ref_kw["bias"] = alibi[0, 0, rows, :nk]
             ref = reference.attention(q[rows], k[:nk], v[:nk], **dict(ref_kw, causal=causal or False))
             np.testing.assert_allclose(out[b, h, rows], ref, **tolerance(case["dtype"]),
                                        err_msg=f"{case['id']}: batch {b}, head {h}, rows {rows}")
@@ -118,8 +124,10 @@ def test_attention(benchmark, case, contestant, bench_threads):
     if contestant == "numpy":
         blocked = H._blocked(H.allowed_mask(case, inputs, np))
         out = benchmark(H.naive_attention, inputs["q"], inputs["k"], inputs["v"],
-                        1.0 / math.sqrt(case["D"]), blocked, np)
+                        1.0 / math.sqrt(case["D"]), blocked, np, bias=H.alibi_bias(case, inputs, np))
         assert out.shape == (case["B"], case["Hq"], case["Lq"], case["Dv"])
+        if case.get("alibi"):
+            check_attention(case, inputs, out)
         return
     out = benchmark(fastattn.attention, inputs["q"], inputs["k"], inputs["v"],
                     num_threads=bench_threads, **H.fastattn_kwargs(case, inputs))

@@ -20,6 +20,9 @@ A case is a plain dict (it travels to the child as JSON)::
 "random" for a boolean (Lq, Lk) mask where True means "may attend", as in
 torch.  ``window`` is ``[left, right]``: query i sees keys i-left .. i+right.
 ``kv_lengths`` lists, per batch entry, how many leading keys are valid.
+``alibi`` (optional, absent in older saved runs) adds ALiBi with the usual
+slopes 2^(-8(h+1)/H): fastattn gets ``alibi_slopes``, torch and NumPy the same
+-slope·|i - j| as a float bias.
 """
 import io
 import json
@@ -101,6 +104,8 @@ EXTRA_CASES = [
             "partial key panel; threaded, tens of microseconds"),
     _A("small-heads", 64, 8, 32, 32, 64, extra=True,
        note="many small heads (512 units of 32x32)"),
+    _A("alibi", 1, 8, 1024, 1024, 64, alibi=True, extra=True,
+       note="ALiBi slopes 2^-1 .. 2^-8 (BLOOM, MPT); torch: the same biases as a float attn_mask"),
 ]
 
 
@@ -121,6 +126,8 @@ def describe(case):
         parts.append("bool mask")
     if case["kv_lengths"]:
         parts.append("kv_lengths")
+    if case.get("alibi"):
+        parts.append("ALiBi")
     return " ".join(parts)
 
 
@@ -201,7 +208,20 @@ def make_inputs(case, np):
         inputs["mask"] = m
     if case["kv_lengths"]:
         inputs["kv_lengths"] = np.asarray(case["kv_lengths"], dtype=np.int64)
+    if case.get("alibi"):
+        inputs["alibi_slopes"] = 2.0 ** (-8.0 * np.arange(1, Hq + 1) / Hq)
     return inputs
+
+
+def alibi_bias(case, inputs, np, rows=None, heads=None):
+    """The ALiBi biases -slope·|i - j| as a float array (1, heads, rows, Lk) in the
+    case's dtype, or None without ALiBi (non-causal cases: the diagonal is i)."""
+    if not case.get("alibi"):
+        return None
+    rows = np.arange(case["Lq"]) if rows is None else np.asarray(rows)
+    slopes = inputs["alibi_slopes"] if heads is None else inputs["alibi_slopes"][heads]
+    dist = np.abs(rows[:, None] - np.arange(case["Lk"])[None, :]).astype(np.float64)
+    return (-slopes[:, None, None] * dist[None])[None].astype(case["dtype"])
 
 
 def allowed_mask(case, inputs, np, rows=None, batch=None):
@@ -228,18 +248,21 @@ def allowed_mask(case, inputs, np, rows=None, batch=None):
     return allowed
 
 
-def naive_attention(q, k, v, scale, blocked, np):
-    """softmax(q kᵀ · scale, masked) v with the full score matrix, NumPy style.
+def naive_attention(q, k, v, scale, blocked, np, bias=None):
+    """softmax(q kᵀ · scale + bias, masked) v with the full score matrix, NumPy style.
 
     q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); Hq a multiple of
     Hkv (grouped heads share K/V).  ``blocked`` is True where a score is
-    masked out (broadcastable to (B, 1, 1, Lq, Lk)) or None.
+    masked out (broadcastable to (B, 1, 1, Lq, Lk)) or None; ``bias`` a float
+    array (1, Hq, Lq, Lk) or None.
     """
     B, Hq, Lq, D = q.shape
     Hkv = k.shape[1]
     q5 = q.reshape(B, Hkv, Hq // Hkv, Lq, D)
     s = q5 @ np.swapaxes(k, -1, -2)[:, :, None]
     s *= s.dtype.type(scale)
+    if bias is not None:
+        s += bias.reshape(1, Hkv, Hq // Hkv, Lq, bias.shape[-1])
     if blocked is not None:
         np.copyto(s, -np.inf, where=blocked)
     s -= s.max(axis=-1, keepdims=True)
@@ -276,7 +299,8 @@ def check_against_float64(case, inputs, out, np):
         k = inputs["k"][b:b + 1, h // group:h // group + 1].astype(np.float64)
         v = inputs["v"][b:b + 1, h // group:h // group + 1].astype(np.float64)
         ref = naive_attention(q, k, v, 1.0 / math.sqrt(case["D"]),
-                              _blocked(allowed_mask(case, inputs, np, rows=rows, batch=b)), np)
+                              _blocked(allowed_mask(case, inputs, np, rows=rows, batch=b)), np,
+                              bias=alibi_bias(case, inputs, np, rows=rows, heads=[h]))
         got = np.asarray(out[b, h, rows], dtype=np.float64)
         worst = max(worst, float(np.max(np.abs(got - ref[0, 0]))))
     return worst
@@ -311,6 +335,8 @@ def fastattn_kwargs(case, inputs):
         kw["mask"] = inputs["mask"]
     if case["kv_lengths"]:
         kw["kv_lengths"] = inputs["kv_lengths"]
+    if case.get("alibi"):
+        kw["alibi_slopes"] = inputs["alibi_slopes"]
     return kw
 
 
@@ -331,6 +357,9 @@ def _torch_runner(case, inputs, threads, np):
     if case["window"] or case["mask"] or case["kv_lengths"]:
         # torch has no window or length argument: the same rule as a bool mask.
         kw["attn_mask"] = torch.from_numpy(np.ascontiguousarray(allowed_mask(case, inputs, np)))
+    elif case.get("alibi"):
+        # nor ALiBi: the biases as a float mask, built once (how torch users run it)
+        kw["attn_mask"] = torch.from_numpy(alibi_bias(case, inputs, np))
     else:
         kw["is_causal"] = case["causal"]
     return (lambda: F.scaled_dot_product_attention(q, k, v, **kw).numpy()), info
@@ -341,9 +370,10 @@ def _numpy_runner(case, inputs, threads, np):
     if case["kind"] == "softmax":
         raise ValueError("softmax cases compare against scipy, not the numpy runner")
     blocked = _blocked(allowed_mask(case, inputs, np))    # built once, like torch's mask
+    bias = alibi_bias(case, inputs, np)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     scale = 1.0 / math.sqrt(case["D"])
-    return (lambda: naive_attention(q, k, v, scale, blocked, np)), info
+    return (lambda: naive_attention(q, k, v, scale, blocked, np, bias=bias)), info
 
 
 def _scipy_runner(case, inputs, threads, np):
