@@ -162,12 +162,6 @@ static inline FA_V FA_SFX(fa_load_part)(const FA_T *p, int64_t n, FA_T fill)
 #endif
 }
 
-/* fa_load_part(p, n, 0). */
-static inline FA_V FA_SFX(fa_load_tail)(const FA_T *p, int64_t n)
-{
-    return FA_SFX(fa_load_part)(p, n, 0);
-}
-
 /* p[0:n] = the first n lanes of v (0 <= n <= W): a masked store on AVX-512;
  * elsewhere one vector store to the stack copied out lane by lane (a vector
  * store read back in smaller pieces forwards without a stall; AVX2's masked
@@ -789,9 +783,9 @@ FA_SFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D
     if (d < D) {
         FA_V kv[FA_W];
         FA_UNROLL for (int u = 0; u < G; u++)
-            if (u < nk) kv[u] = FA_SFX(fa_load_tail)(kg + u * ksr + d, D - d);
+            if (u < nk) kv[u] = FA_SFX(fa_load_part)(kg + u * ksr + d, D - d, 0);
         FA_UNROLL for (int i = 0; i < R; i++) {
-            const FA_V qv = FA_SFX(fa_load_tail)(qp + i * ldq + d, D - d);
+            const FA_V qv = FA_SFX(fa_load_part)(qp + i * ldq + d, D - d, 0);
             FA_UNROLL for (int u = 0; u < G; u++)
                 if (u < nk) r[i * G + u] += qv * kv[u];
         }
