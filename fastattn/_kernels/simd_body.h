@@ -227,6 +227,47 @@ static inline FA_T FA_SFX(fa_hmax)(FA_V v)
 #endif
 }
 
+/* The lanes of a comparison mask m (each lane all ones or all zeros) as the low
+ * W bits of an int: one movemask / test where x86 has one (a loop over the
+ * lanes extracts them one by one). */
+static inline unsigned FA_SFX(fa_lane_bits)(FA_VI m)
+{
+#if FA_VBYTES == 64 && defined(__AVX512F__)
+#  ifdef FA_DOUBLE
+    return _mm512_test_epi64_mask((__m512i)m, (__m512i)m);
+#  else
+    return _mm512_test_epi32_mask((__m512i)m, (__m512i)m);
+#  endif
+#elif FA_VBYTES == 32 && defined(__AVX2__)
+#  ifdef FA_DOUBLE
+    return (unsigned)_mm256_movemask_pd((__m256d)m);
+#  else
+    return (unsigned)_mm256_movemask_ps((__m256)m);
+#  endif
+#elif FA_VBYTES == 16 && defined(__SSE2__)
+#  ifdef FA_DOUBLE
+    return (unsigned)_mm_movemask_pd((__m128d)m);
+#  else
+    return (unsigned)_mm_movemask_ps((__m128)m);
+#  endif
+#else
+    unsigned bits = 0;
+    for (int i = 0; i < FA_W; i++) bits |= (unsigned)(m[i] != 0) << i;
+    return bits;
+#endif
+}
+
+/* 1 if any / every lane of the comparison mask m is set. */
+static inline int FA_SFX(fa_any)(FA_VI m)
+{
+    return FA_SFX(fa_lane_bits)(m) != 0;
+}
+
+static inline int FA_SFX(fa_all)(FA_VI m)
+{
+    return FA_SFX(fa_lane_bits)(m) == (1u << FA_W) - 1;
+}
+
 /* max(x[0:n]) with NaN propagation; -inf for n == 0.  Four max chains (one
  * instruction each on x86) and NaN tracked apart by OR-ing x != x. */
 static inline FA_T FA_SFX(fa_row_max)(const FA_T *x, int64_t n)
@@ -254,9 +295,7 @@ static inline FA_T FA_SFX(fa_row_max)(const FA_T *x, int64_t n)
         bad |= x0 != x0;
     }
     m0 = FA_SFX(FA_VMAX)(FA_SFX(FA_VMAX)(m0, m1), FA_SFX(FA_VMAX)(m2, m3));
-    int any = 0;
-    for (int i = 0; i < FA_W; i++) any |= bad[i] != 0;
-    return any ? (FA_T)NAN : FA_SFX(fa_hmax)(m0);
+    return FA_SFX(fa_any)(bad) ? (FA_T)NAN : FA_SFX(fa_hmax)(m0);
 }
 
 /* max over the non-NaN elements of x[0:n] (-inf if there are none): four plain
@@ -502,35 +541,6 @@ static inline void FA_SFX(fa_row_shift)(const FA_T *x, FA_T *y, int64_t n, FA_T 
     int64_t j = 0;
     for (; j + FA_W <= n; j += FA_W) FA_SFX(fa_store)(y + j, FA_SFX(fa_load)(x + j) + a);
     for (; j < n; j++) y[j] = x[j] + a;
-}
-
-/* 1 if every lane of the comparison mask m is set: one movemask / test where
- * x86 has one (a loop over the lanes extracts them one by one). */
-static inline int FA_SFX(fa_all)(FA_VI m)
-{
-#if FA_VBYTES == 64 && defined(__AVX512F__)
-#  ifdef FA_DOUBLE
-    return _mm512_test_epi64_mask((__m512i)m, (__m512i)m) == 0xFF;
-#  else
-    return _mm512_test_epi32_mask((__m512i)m, (__m512i)m) == 0xFFFF;
-#  endif
-#elif FA_VBYTES == 32 && defined(__AVX2__)
-#  ifdef FA_DOUBLE
-    return _mm256_movemask_pd((__m256d)m) == 0xF;
-#  else
-    return _mm256_movemask_ps((__m256)m) == 0xFF;
-#  endif
-#elif FA_VBYTES == 16 && defined(__SSE2__)
-#  ifdef FA_DOUBLE
-    return _mm_movemask_pd((__m128d)m) == 0x3;
-#  else
-    return _mm_movemask_ps((__m128)m) == 0xF;
-#  endif
-#else
-    int all = 1;
-    for (int i = 0; i < FA_W; i++) all &= m[i] != 0;
-    return all;
-#endif
 }
 
 /* x[j] = c * tanh(x[j] / c).  For |u| = |x/c| below a threshold tanh comes from
@@ -1431,9 +1441,7 @@ FA_SFX(fa_tsoftmax_nv)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, FA_T *m, F
     /* no lane moved: every alpha is exp(0) = 1 exactly, or exp(-inf) = 0 for a
      * lane still at -inf, whose Ot holds only 0 * v terms and whose l is 0 (its
      * output is written as zeros) -- the multiply would change nothing */
-    int any = 0;
-    for (int i = 0; i < FA_W; i++) any |= moved[i] != 0;
-    if (!any) return;
+    if (!FA_SFX(fa_any)(moved)) return;
     for (int64_t c = 0; c < Dv; c++)
         FA_UNROLL for (int v = 0; v < nv; v++) {
             FA_T *p = ot + c * ldo + v * FA_W;
