@@ -14,7 +14,7 @@ import operator
 
 import numpy as np
 
-from . import _dispatch
+from . import _dispatch, _docstrings
 from ._threads import _check_num_threads as check_num_threads, resolve_num_threads
 
 _K = _dispatch.kernels
@@ -173,47 +173,6 @@ def _score_operand(x, name, full_shape):
 
 # ---------------------------------------------------------------- attention
 
-_ATTENTION_DOC = """Exact scaled dot-product attention, ``softmax(q @ kᵀ * scale + ...) @ v``.
-
-Parameters
-----------
-q : array_like, shape (..., Lq, Dk)
-k : array_like, shape (..., Lk, Dk)
-v : array_like, shape (..., Lk, Dv)
-    Leading (batch) dims broadcast by NumPy rules without copies.  When the
-    head axis (-3) of ``q`` is g > 1 times that of ``k``/``v`` (one key/value
-    head included), query head h uses key/value head h // g (grouped- and
-    multi-query attention): each key and value is read once for its group.
-scale : float, optional
-    Multiplies the scores; default ``1 / sqrt(Dk)``.
-causal : {False, True, "top_left", "bottom_right"}
-    ``True``/"top_left": query i sees keys j <= i.  "bottom_right": query i
-    sees keys j <= i + Lk_eff - Lq (KV-cache alignment).
-mask : bool array broadcastable to (..., Lq, Lk), optional
-    True where a query may attend to a key.
-bias : float array broadcastable to (..., Lq, Lk), optional
-    Added to the (scaled, soft-capped) scores.
-window : int or (left, right), optional
-    Key j is visible iff p(i) - left <= j <= p(i) + right (None = unbounded).
-kv_lengths : int array broadcastable to the batch dims, optional
-    Keys j >= length are invisible.
-softcap : float > 0, optional
-    Scores s become softcap * tanh(s / softcap) before bias and masking.
-alibi_slopes : float array broadcastable to the batch dims, optional
-    Adds -slope * |p(i) - j| to each score.
-return_weights, return_lse : bool
-    Also return the attention weights (..., Lq, Lk) and the log-sum-exp of
-    each row (..., Lq).
-out : ndarray, optional
-    Written in place and returned; exactly the result's shape and dtype.
-num_threads : int, optional
-    Threads for this call (default: ``fastattn.get_num_threads()``).
-
-Returns
--------
-out, or the tuple (out, weights, lse) with only the parts asked for.
-A query row that sees no key gives output 0, weights 0 and lse -inf.
-"""
 
 
 def _attention_general(q, k, v, scale=None, causal=False, mask=None, bias=None, window=None,
@@ -328,7 +287,7 @@ def _attention_general(q, k, v, scale=None, causal=False, mask=None, bias=None, 
 
 _K.set_general_attention(_attention_general)
 attention = _K.attention
-attention.__doc__ = _ATTENTION_DOC
+attention.__doc__ = _docstrings.ATTENTION
 attention.__module__ = "fastattn"
 scaled_dot_product_attention = attention
 
@@ -400,12 +359,6 @@ def _softmax(x, axis, out, num_threads, log_mode, fname):
 
 
 def softmax(x, axis=-1, *, out=None, num_threads=None):
-    """Max-stabilised softmax along ``axis`` (an int, or None for the whole array).
-
-    A slice that is entirely -inf gives zeros; +inf or NaN in a slice gives NaN
-    in that slice only.  float32/float64 are computed natively, float16 in
-    float32, integers and bools in float64.
-    """
     if out is None and type(axis) is int and axis == -1:
         # the plain call, checked and run in compiled code (None: take the general path)
         result = _K.softmax_fast(x, False, num_threads)
@@ -415,10 +368,6 @@ def softmax(x, axis=-1, *, out=None, num_threads=None):
 
 
 def log_softmax(x, axis=-1, *, out=None, num_threads=None):
-    """``log(softmax(x))`` computed stably as ``x - max - log(sum(exp(x - max)))``.
-
-    A slice that is entirely -inf gives -inf; +inf or NaN gives NaN.
-    """
     if out is None and type(axis) is int and axis == -1:
         result = _K.softmax_fast(x, True, num_threads)
         if result is not None:
@@ -429,19 +378,6 @@ def log_softmax(x, axis=-1, *, out=None, num_threads=None):
 # ---------------------------------------------------------------- merging partial results
 
 def merge_attention(outs, lses):
-    """Combine attention results computed over disjoint sets of keys.
-
-    Parameters
-    ----------
-    outs : sequence of arrays (..., Lq, Dv)
-        Each part's (normalised) attention output.
-    lses : sequence of arrays (..., Lq)
-        Each part's log-sum-exp (``attention(..., return_lse=True)``).
-
-    Returns
-    -------
-    (out, lse) over the union of the keys.  Rows that no part saw stay 0 / -inf.
-    """
     outs = [_as_array(o, "outs") for o in outs]
     lses = [_as_array(s, "lses") for s in lses]
     if len(outs) != len(lses) or not outs:
@@ -468,3 +404,8 @@ def merge_attention(outs, lses):
         lse[nan_rows] = np.nan
         out[nan_rows] = np.nan
     return out, lse
+
+
+softmax.__doc__ = _docstrings.SOFTMAX
+log_softmax.__doc__ = _docstrings.LOG_SOFTMAX
+merge_attention.__doc__ = _docstrings.MERGE_ATTENTION
