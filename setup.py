@@ -1,6 +1,6 @@
 """Build script for fastattn's compiled kernels.
 
-One kernel source (``fastattn/_kernels/_attn_body.pxi`` + ``simd.h``) is compiled
+One kernel source (the ``.pxi`` and ``.h`` files of ``fastattn/_kernels``) is compiled
 several times, once per instruction-set level, into modules named
 ``fastattn._kernels._attn_<isa>``.  ``fastattn._dispatch`` picks the best one the
 running CPU supports at import.  Nothing here uses ``-march=native`` or
@@ -12,6 +12,7 @@ Environment variables:
 ``FASTATTN_SANITIZE=1``  build with AddressSanitizer + UndefinedBehaviorSanitizer.
 ``FASTATTN_NO_OPENMP=1`` build without OpenMP even when the compiler has it.
 """
+import glob
 import os
 import platform
 import shutil
@@ -117,7 +118,7 @@ def extensions():
     for isa in ISA_VARIANTS:
         exts.append(Extension(f"fastattn._kernels._attn_{isa}",
                               [os.path.join(KDIR, f"_attn_{isa}.pyx")], include_dirs=inc,
-                              depends=[os.path.join(KDIR, f) for f in ("_attn_body.pxi", "simd.h", "simd_body.h")]))
+                              depends=sorted(glob.glob(os.path.join(KDIR, "*.pxi")) + glob.glob(os.path.join(KDIR, "*.h")))))
     return cythonize(exts, language_level=3, compiler_directives={
         "boundscheck": False, "wraparound": False, "cdivision": True,
         "initializedcheck": False, "embedsignature": True,

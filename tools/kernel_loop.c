@@ -53,8 +53,8 @@ int main(void)
             sink += fa_block_nonfinite_f(v, BK, D, D, 1);
             for (int ch = 0; ch < NCH; ch++) {
                 for (int i = 0; i < 16; i++) mx[i] = -INFINITY;
-                fa_tqk_chunk_f(k, D, 1, qt + ch * 16, LD, D, st + ch * 16, LD, 0, BK, mx, 2, ch == 0);
-                fa_tpv_chunk_f(v, D, 1, D, st + ch * 16, LD, 0, BK, ot + ch * 16, LD, 2);
+                fa_qvec_qk_chunk_f(k, D, 1, qt + ch * 16, LD, D, st + ch * 16, LD, 0, BK, mx, 2, ch == 0);
+                fa_qvec_pv_chunk_f(v, D, 1, D, st + ch * 16, LD, 0, BK, ot + ch * 16, LD, 2);
             }
         }
         double g = 2.0 * 2 * BK * D * 16 * NCH * iters / (now() - t0) / 1e9;

@@ -29,8 +29,8 @@ cdef extern from "simd.h" nogil:
     const char *FA_ISA
     enum:
         FA_VBYTES
-        FA_T_MR
-        FA_T_NV
+        FA_QVEC_MR
+        FA_QVEC_NV
         FA_QK_MR
         FA_QK_NV
         FA_PV_MR
@@ -45,12 +45,12 @@ cdef extern from "simd.h" nogil:
     void fa_col_softmax_chunk_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
     void fa_col_softmax_vec_f(const float *x, int64_t sx, float *y, int64_t sy, int64_t n, int log_mode)
     void fa_col_softmax_vec_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
-    void fa_tq_pack_f(const float *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt,
+    void fa_pack_transposed_f(const float *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt,
                       int64_t ld, int64_t pf)
-    void fa_tq_pack_d(const double *q, const int64_t *qoff, int64_t nr, int64_t D, double scale, double *qt,
+    void fa_pack_transposed_d(const double *q, const int64_t *qoff, int64_t nr, int64_t D, double scale, double *qt,
                       int64_t ld, int64_t pf)
-    void fa_tout_rows_f(const float *ot, int64_t ldo, int64_t nr, int64_t Dv, const float *inv, float *o, int64_t sor)
-    void fa_tout_rows_d(const double *ot, int64_t ldo, int64_t nr, int64_t Dv, const double *inv, double *o, int64_t sor)
+    void fa_qvec_store_rows_f(const float *ot, int64_t ldo, int64_t nr, int64_t Dv, const float *inv, float *o, int64_t sor)
+    void fa_qvec_store_rows_d(const double *ot, int64_t ldo, int64_t nr, int64_t Dv, const double *inv, double *o, int64_t sor)
     float fa_row_exp_sum_f(const float *x, float *y, int64_t n, float m)
     double fa_row_exp_sum_d(const double *x, double *y, int64_t n, double m)
     float fa_row_exp_sum_p_f(const float *x, float *y, int64_t n, float m)
@@ -65,11 +65,11 @@ cdef extern from "simd.h" nogil:
     void fa_row_softcap_d(double *x, int64_t n, double c)
     void fa_row_mask_bool_f(float *x, const uint8_t *m, int64_t n)
     void fa_row_mask_bool_d(double *x, const uint8_t *m, int64_t n)
-    void fa_tbias_f(float *st, int64_t lds, int64_t j0, int64_t j1, const float *const *brows, int64_t ni)
-    void fa_tbias_d(double *st, int64_t lds, int64_t j0, int64_t j1, const double *const *brows, int64_t ni)
-    void fa_talibi_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0, const float *slopes,
+    void fa_qvec_bias_f(float *st, int64_t lds, int64_t j0, int64_t j1, const float *const *brows, int64_t ni)
+    void fa_qvec_bias_d(double *st, int64_t lds, int64_t j0, int64_t j1, const double *const *brows, int64_t ni)
+    void fa_qvec_alibi_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0, const float *slopes,
                      const int64_t *goff, const int64_t *pos, int64_t ni, int nv)
-    void fa_talibi_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0, const double *slopes,
+    void fa_qvec_alibi_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0, const double *slopes,
                      const int64_t *goff, const int64_t *pos, int64_t ni, int nv)
     void fa_qk_block_f(const float *qp, int64_t ldq, const float *kt, int64_t D,
                        float *s, int64_t lds, int64_t c0, int64_t e)
@@ -79,23 +79,23 @@ cdef extern from "simd.h" nogil:
                        int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
     void fa_pv_block_d(const double *p, int64_t ldp, const double *vp, int64_t ldv,
                        int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
-    void fa_tqk_chunk_f(const float *k, int64_t ksr, int64_t ksc, const float *qt, int64_t ldq,
+    void fa_qvec_qk_chunk_f(const float *k, int64_t ksr, int64_t ksc, const float *qt, int64_t ldq,
                         int64_t D, float *st, int64_t lds, int64_t j0, int64_t j1, float *mx, int nv,
                         int pf)
-    void fa_tqk_chunk_d(const double *k, int64_t ksr, int64_t ksc, const double *qt, int64_t ldq,
+    void fa_qvec_qk_chunk_d(const double *k, int64_t ksr, int64_t ksc, const double *qt, int64_t ldq,
                         int64_t D, double *st, int64_t lds, int64_t j0, int64_t j1, double *mx, int nv,
                         int pf)
-    void fa_tpv_chunk_f(const float *v, int64_t vsr, int64_t vsc, int64_t Dv, const float *pt,
+    void fa_qvec_pv_chunk_f(const float *v, int64_t vsr, int64_t vsc, int64_t Dv, const float *pt,
                         int64_t lds, int64_t j0, int64_t j1, float *ot, int64_t ldo, int nv)
-    void fa_tpv_chunk_d(const double *v, int64_t vsr, int64_t vsc, int64_t Dv, const double *pt,
+    void fa_qvec_pv_chunk_d(const double *v, int64_t vsr, int64_t vsc, int64_t Dv, const double *pt,
                         int64_t lds, int64_t j0, int64_t j1, double *ot, int64_t ldo, int nv)
-    void fa_tmask_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+    void fa_qvec_range_mask_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                           const float *lo, const float *hi, int nv)
-    void fa_tmask_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+    void fa_qvec_range_mask_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                           const double *lo, const double *hi, int nv)
-    void fa_tsoftmax_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, float *l,
+    void fa_qvec_softmax_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, float *l,
                              float *ot, int64_t ldo, int64_t Dv, const float *mx, int nv)
-    void fa_tsoftmax_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, double *m, double *l,
+    void fa_qvec_softmax_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, double *m, double *l,
                              double *ot, int64_t ldo, int64_t Dv, const double *mx, int nv)
     void fa_qk_rows_f(const float *qp, int64_t ldq, int64_t nr, int64_t D, const float *k, int64_t ksr,
                       int64_t n, float *s, int64_t lds)
@@ -111,14 +111,14 @@ cdef extern from "simd.h" nogil:
     void fa_pv_qk_row1_d(const double *p, const double *v, int64_t ldv, int64_t k0, int64_t k1,
                          double *o, int64_t nvec, int prefetch, const double *qp, int64_t D, const double *kn,
                          int64_t ksr, int64_t nk, double *sn)
-    void fa_tmask_bool_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+    void fa_qvec_bool_mask_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf,
                                int nv)
-    void fa_tmask_bool_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+    void fa_qvec_bool_mask_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf,
                                int nv)
-    void fa_tweights_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, const float *lse, int nv)
-    void fa_tweights_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, const double *lse, int nv)
+    void fa_qvec_weights_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, const float *lse, int nv)
+    void fa_qvec_weights_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, const double *lse, int nv)
     void fa_prefetch_rows_f(const float *p, int64_t nrows, int64_t sr, int64_t n)
     void fa_prefetch_rows_d(const double *p, int64_t nrows, int64_t sr, int64_t n)
     int fa_block_nonfinite_f(const float *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
@@ -131,11 +131,11 @@ ISA = FA_ISA.decode()
 cdef enum:
     MAXDIM = 64          # batch dims supported (NumPy's own limit)
     BLOCK_Q = 64         # query rows per work unit (row-major path: decode, few rows, weights)
-    BLOCK_QT = 128       # query rows per work unit (query-vectorised path)
-    T_MIN_ROWS = 14      # fewer query rows than this: row-major path (see use_t_path)
-    FEW_MAX_ROWS = 13    # units of at most this many rows read keys and values in place (run_unit;
-                         # 14 and more rows are query-vectorised, or packed where T pads too much)
-    T_RUNS_MAX = 32      # key runs of a chunk's tile (t_runs: <= 22 for FA_T_NV <= 4)
+    BLOCK_Q_QVEC = 128       # query rows per work unit (query-vectorised path)
+    QVEC_MIN_ROWS = 14      # fewer query rows than this: row-major path (see use_qvec_path)
+    FEW_MAX_ROWS = 13    # units of at most this many rows read keys and values in place (run_row_unit;
+                         # 14 and more rows are query-vectorised, or packed where query lanes pad too much)
+    QVEC_RUNS_MAX = 32      # key runs of a chunk's tile (qvec_key_runs: <= 22 for FA_QVEC_NV <= 4)
     BLOCK_K = 128        # keys per tile (a multiple of every QK panel width).  Paired on
                          # AVX2 (Zen 3): 64 was 2-8 % slower on long, 1-4 % on prefill, 9 %
                          # on D 256 (fixed costs per tile and chunk: P.V accumulator
@@ -152,7 +152,7 @@ cdef enum:
     SOFTMAX_PARALLEL_MIN = 32768  # elements; softmax of fewer runs on the calling thread
     SPLIT_TARGET = 32    # split the key range when fewer units than this ...
     SPLIT_MIN_KEYS = 512 # ... into chunks of at least this many keys
-    SPLIT_MIN_KEYS_T = 1024  # (query-vectorised units: each split repacks its queries,
+    SPLIT_MIN_KEYS_QVEC = 1024  # (query-vectorised units: each split repacks its queries,
                          # writes a partial output and is merged: measured 4-5 % of
                          # the time at 512 keys per split, so at most ~2 % here)
     CAUSAL_NONE = 0
@@ -256,12 +256,12 @@ cdef inline floating row_max_nonan(const floating *x, int64_t n) noexcept nogil:
     else:
         return fa_row_max_nonan_d(x, n)
 
-cdef inline void tout_rows(const floating *ot, int64_t ldo, int64_t nr, int64_t Dv, const floating *inv,
+cdef inline void qvec_store_rows(const floating *ot, int64_t ldo, int64_t nr, int64_t Dv, const floating *inv,
                            floating *o, int64_t sor) noexcept nogil:
     if floating is float:
-        fa_tout_rows_f(ot, ldo, nr, Dv, inv, o, sor)
+        fa_qvec_store_rows_f(ot, ldo, nr, Dv, inv, o, sor)
     else:
-        fa_tout_rows_d(ot, ldo, nr, Dv, inv, o, sor)
+        fa_qvec_store_rows_d(ot, ldo, nr, Dv, inv, o, sor)
 
 cdef inline floating row_exp_sum(const floating *x, floating *y, int64_t n, floating m) noexcept nogil:
     if floating is float:
@@ -308,36 +308,36 @@ cdef inline void pv_block(const floating *p, int64_t ldp, const floating *vp, in
         fa_pv_block_d(p, ldp, vp, ldv, k0, k1, o, ldo, nvec)
 
 
-cdef inline void tqk_chunk(const floating *k, int64_t ksr, int64_t ksc, const floating *qt, int64_t ldq,
+cdef inline void qvec_qk_chunk(const floating *k, int64_t ksr, int64_t ksc, const floating *qt, int64_t ldq,
                            int64_t D, floating *st, int64_t lds, int64_t j0, int64_t j1,
                            floating *mx, int nv, int pf) noexcept nogil:
     if floating is float:
-        fa_tqk_chunk_f(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, nv, pf)
+        fa_qvec_qk_chunk_f(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, nv, pf)
     else:
-        fa_tqk_chunk_d(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, nv, pf)
+        fa_qvec_qk_chunk_d(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, nv, pf)
 
-cdef inline void tpv_chunk(const floating *v, int64_t vsr, int64_t vsc, int64_t Dv, const floating *pt,
+cdef inline void qvec_pv_chunk(const floating *v, int64_t vsr, int64_t vsc, int64_t Dv, const floating *pt,
                            int64_t lds, int64_t j0, int64_t j1, floating *ot, int64_t ldo,
                            int nv) noexcept nogil:
     if floating is float:
-        fa_tpv_chunk_f(v, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, nv)
+        fa_qvec_pv_chunk_f(v, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, nv)
     else:
-        fa_tpv_chunk_d(v, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, nv)
+        fa_qvec_pv_chunk_d(v, vsr, vsc, Dv, pt, lds, j0, j1, ot, ldo, nv)
 
-cdef inline void tmask_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+cdef inline void qvec_range_mask_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                              const floating *lo, const floating *hi, int nv) noexcept nogil:
     if floating is float:
-        fa_tmask_chunk_f(st, lds, j0, j1, t0, lo, hi, nv)
+        fa_qvec_range_mask_chunk_f(st, lds, j0, j1, t0, lo, hi, nv)
     else:
-        fa_tmask_chunk_d(st, lds, j0, j1, t0, lo, hi, nv)
+        fa_qvec_range_mask_chunk_d(st, lds, j0, j1, t0, lo, hi, nv)
 
-cdef inline void tsoftmax_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, floating *m,
+cdef inline void qvec_softmax_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, floating *m,
                                 floating *l, floating *ot, int64_t ldo, int64_t Dv,
                                 const floating *mx, int nv) noexcept nogil:
     if floating is float:
-        fa_tsoftmax_chunk_f(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, nv)
+        fa_qvec_softmax_chunk_f(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, nv)
     else:
-        fa_tsoftmax_chunk_d(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, nv)
+        fa_qvec_softmax_chunk_d(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, nv)
 
 cdef inline void qk_rows(const floating *qp, int64_t ldq, int64_t nr, int64_t D, const floating *k,
                          int64_t ksr, int64_t n, floating *s, int64_t lds) noexcept nogil:
@@ -361,20 +361,20 @@ cdef inline void pv_qk_row1(const floating *p, const floating *v, int64_t ldv, i
     else:
         fa_pv_qk_row1_d(p, v, ldv, k0, k1, o, nvec, 1, qp, D, kn, ksr, nk, sn)
 
-cdef inline void tmask_bool_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+cdef inline void qvec_bool_mask_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                   const uint8_t *const *mrows, int64_t nl, int64_t sc,
                                   uint8_t *tbuf, int nv) noexcept nogil:
     if floating is float:
-        fa_tmask_bool_chunk_f(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, nv)
+        fa_qvec_bool_mask_chunk_f(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, nv)
     else:
-        fa_tmask_bool_chunk_d(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, nv)
+        fa_qvec_bool_mask_chunk_d(st, lds, j0, j1, t0, mrows, nl, sc, tbuf, nv)
 
-cdef inline void tweights_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, const floating *lse,
+cdef inline void qvec_weights_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, const floating *lse,
                                 int nv) noexcept nogil:
     if floating is float:
-        fa_tweights_chunk_f(st, lds, j0, j1, lse, nv)
+        fa_qvec_weights_chunk_f(st, lds, j0, j1, lse, nv)
     else:
-        fa_tweights_chunk_d(st, lds, j0, j1, lse, nv)
+        fa_qvec_weights_chunk_d(st, lds, j0, j1, lse, nv)
 
 cdef inline int block_nonfinite(const floating *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc) noexcept nogil:
     if floating is float:
@@ -405,7 +405,7 @@ cdef struct Workspace:
     int64_t *pos    # BLOCK_Q'           diagonal position p(i) of each row
     int64_t *qoff   # BLOCK_Q'           element offset of each query row (without batch)
     int64_t *goff   # BLOCK_Q'           group index of each row (GQA)
-    # query-vectorised path (lanes = query rows, ld = BLOCK_QT rounded to a chunk, plus a line)
+    # query-vectorised path (lanes = query rows, ld = BLOCK_Q_QVEC rounded to a chunk, plus a line)
     void *qt        # Dk x ld            scaled queries, transposed
     void *st        # BLOCK_K x ld       scores / probabilities, transposed
     void *ot        # Dv x ld            output accumulator, transposed
@@ -423,15 +423,15 @@ cdef inline int64_t rows_alloc(int64_t rows) noexcept nogil:
     return max(round_up(rows, FA_QK_MR), round_up(rows, 8)) + FA_PV_MR
 
 
-cdef inline int64_t t_ld(size_t item) noexcept nogil:
+cdef inline int64_t qvec_ld(size_t item) noexcept nogil:
     # Row stride of the query-vectorised tiles (Qt, St, Ot: one row per dim / key /
-    # value column, one lane per query row): BLOCK_QT lanes plus one cache line.
+    # value column, one lane per query row): BLOCK_Q_QVEC lanes plus one cache line.
     # A chunk walks one 64-byte column of a tile; with a 512-byte stride its
     # rows map to 8 of the 64 L1 sets, and 64 score rows alone fill all 8 ways
     # of a 32 KiB L1 (Zen 3): the extra line spreads them over every set.
     # Paired on Zen 3 (AVX2): prefill 1.03-1.05x, long 1.04-1.06x, causal
     # 1.06-1.07x, D 256 1.07x, mask/bias 1.05-1.06x.
-    return round_up(BLOCK_QT, FA_T_NV * (FA_VBYTES // item)) + 64 // <int64_t>item
+    return round_up(BLOCK_Q_QVEC, FA_QVEC_NV * (FA_VBYTES // item)) + 64 // <int64_t>item
 
 
 cdef inline char *carve(char **cursor, int64_t nbytes) noexcept nogil:
@@ -441,7 +441,7 @@ cdef inline char *carve(char **cursor, int64_t nbytes) noexcept nogil:
     return p
 
 
-cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t item, int use_t,
+cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t item, int use_qvec,
                           char *base) noexcept nogil:
     """Lay the buffers out from base (NULL: only measure); returns the bytes needed.
 
@@ -452,11 +452,11 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
     cdef int64_t dvp = round_up(P.Dv if P.Dv > 0 else 1, W)
     cdef int64_t dk = P.Dk if P.Dk > 0 else 1
     cdef int64_t dv = P.Dv if P.Dv > 0 else 1
-    cdef int64_t ld = t_ld(item)
+    cdef int64_t ld = qvec_ld(item)
     ws.qp = ws.kt = ws.vp = ws.s = ws.o = ws.m = NULL
     ws.l = NULL
     ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = ws.mtb = ws.mxt = NULL
-    if use_t:
+    if use_qvec:
         ws.qt = carve(&cur, dk * ld * item)
         ws.st = carve(&cur, BLOCK_K * ld * item)
         ws.ot = carve(&cur, dv * ld * item)
@@ -464,13 +464,13 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
         ws.lt = carve(&cur, ld * item)
         ws.lof = carve(&cur, ld * item)
         ws.hif = carve(&cur, ld * item)
-        ws.mtb = carve(&cur, BLOCK_K * FA_T_NV * (FA_VBYTES // item))
-        ws.mxt = carve(&cur, FA_T_NV * (FA_VBYTES // item) * item)
+        ws.mtb = carve(&cur, BLOCK_K * FA_QVEC_NV * (FA_VBYTES // item))
+        ws.mxt = carve(&cur, FA_QVEC_NV * (FA_VBYTES // item) * item)
     else:
         ws.qp = carve(&cur, R * dk * item)
         ws.kt = carve(&cur, round_up(BLOCK_K, FA_QK_NV * W) * dk * item)
         ws.vp = carve(&cur, BLOCK_K * dvp * item)
-        ws.s = carve(&cur, (R + FEW_MAX_ROWS) * BLOCK_K * item)   # + the next tile's scores (run_unit)
+        ws.s = carve(&cur, (R + FEW_MAX_ROWS) * BLOCK_K * item)   # + the next tile's scores (run_row_unit)
         ws.o = carve(&cur, R * dvp * item)
         ws.m = carve(&cur, R * item)
         ws.l = <double *>carve(&cur, R * sizeof(double))
@@ -482,18 +482,18 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
     return cur - base
 
 
-cdef int workspace_alloc(Workspace *ws, const Plan *P, int64_t rows, size_t item, int use_t) noexcept nogil:
+cdef int workspace_alloc(Workspace *ws, const Plan *P, int64_t rows, size_t item, int use_qvec) noexcept nogil:
     cdef int64_t nbytes
     ws.arena = NULL
     if P.Dk > (<int64_t>1 << 32) or P.Dv > (<int64_t>1 << 32):
         return -1       # the byte counts below could overflow int64
-    nbytes = workspace_layout(ws, P, rows, item, use_t, NULL)
+    nbytes = workspace_layout(ws, P, rows, item, use_qvec, NULL)
     if nbytes > WORKSPACE_MAX_BYTES:
         return -1       # absurd head dims: fail like an allocation failure, never overcommit
     ws.arena = <char *>fa_alloc(nbytes)
     if ws.arena == NULL:
         return -1
-    workspace_layout(ws, P, rows, item, use_t, ws.arena)
+    workspace_layout(ws, P, rows, item, use_qvec, ws.arena)
     return 0
 
 
@@ -502,12 +502,12 @@ cdef void workspace_free(Workspace *ws) noexcept nogil:
     ws.arena = NULL
 
 
-cdef Workspace *workspace_new(const Plan *P, int64_t rows, size_t item, int use_t) noexcept nogil:
+cdef Workspace *workspace_new(const Plan *P, int64_t rows, size_t item, int use_qvec) noexcept nogil:
     """A heap workspace with its arena allocated; NULL (nothing left allocated) on failure."""
     cdef Workspace *ws = <Workspace *>fa_alloc(sizeof(Workspace))
     if ws == NULL:
         return NULL
-    if workspace_alloc(ws, P, rows, item, use_t) != 0:
+    if workspace_alloc(ws, P, rows, item, use_qvec) != 0:
         workspace_free(ws)
         fa_free(ws)
         return NULL
@@ -611,9 +611,9 @@ cdef void pack_k_tile(const Plan *P, floating *kt, const floating *kbase, int64_
             for j in range(nk):
                 offs[j] = (t0 + p0 + j) * sr
             if floating is float:
-                fa_tq_pack_f(kbase, offs, nk, Dk, 1, kt + (p0 // NR) * Dk * NR, NR, W * sr)
+                fa_pack_transposed_f(kbase, offs, nk, Dk, 1, kt + (p0 // NR) * Dk * NR, NR, W * sr)
             else:
-                fa_tq_pack_d(kbase, offs, nk, Dk, 1, kt + (p0 // NR) * Dk * NR, NR, W * sr)
+                fa_pack_transposed_d(kbase, offs, nk, Dk, 1, kt + (p0 // NR) * Dk * NR, NR, W * sr)
             p0 += NR
     else:
         for j in range(n):
@@ -756,7 +756,7 @@ cdef inline void pv_qk_chunks(const floating *p, int64_t nr, const floating *v, 
         c = c1
 
 
-cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
+cdef void run_row_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
                    int64_t kb, int64_t ke, int mode, floating *stats,
                    floating *part_o, floating *part_m, double *part_l) noexcept nogil:
     """Rows r0..r0+nr-1 of batch element b against keys [kb, ke).
@@ -1008,7 +1008,7 @@ cdef void run_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t 
             (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
 
 
-cdef void apply_score_options_t(const Plan *P, const Workspace *ws, floating *st, int64_t ld,
+cdef void apply_score_options_qvec(const Plan *P, const Workspace *ws, floating *st, int64_t ld,
                                 int64_t j0, int64_t j1, int64_t t0, int64_t i0, int64_t ni, int64_t nlanes,
                                 int64_t b, int64_t r0, int64_t mbo, int64_t bbo) noexcept nogil:
     """softcap, bias, ALiBi and the boolean mask on St[j0:j1, lanes i0..i0+ni-1] (st points at lane i0).
@@ -1037,15 +1037,15 @@ cdef void apply_score_options_t(const Plan *P, const Workspace *ws, floating *st
             brows[i] = ((<const floating *>P.bias.base) + bbo + grp * P.bias.sg
                         + (r0 + r - grp * P.Lq) * P.bias.sr + t0)
         if floating is float:
-            fa_tbias_f(st, ld, j0, j1, brows, ni)
+            fa_qvec_bias_f(st, ld, j0, j1, brows, ni)
         else:
-            fa_tbias_d(st, ld, j0, j1, brows, ni)
+            fa_qvec_bias_d(st, ld, j0, j1, brows, ni)
     if fast_alibi:
         if floating is float:
-            fa_talibi_f(st, ld, j0, j1, t0, (<const float *>P.slopes) + b * P.g, ws.goff + i0,
+            fa_qvec_alibi_f(st, ld, j0, j1, t0, (<const float *>P.slopes) + b * P.g, ws.goff + i0,
                         ws.pos + i0, ni, nv)
         else:
-            fa_talibi_d(st, ld, j0, j1, t0, (<const double *>P.slopes) + b * P.g, ws.goff + i0,
+            fa_qvec_alibi_d(st, ld, j0, j1, t0, (<const double *>P.slopes) + b * P.g, ws.goff + i0,
                         ws.pos + i0, ni, nv)
     if (P.has_bias and not fast_bias) or (P.has_alibi and not fast_alibi):
         for i in range(ni):
@@ -1070,7 +1070,7 @@ cdef void apply_score_options_t(const Plan *P, const Workspace *ws, floating *st
             r = i0 + i
             grp = ws.goff[r]
             mrows[i] = (<const uint8_t *>P.mask.base) + mbo + grp * P.mask.sg + (r0 + r - grp * P.Lq) * P.mask.sr
-        tmask_bool_chunk(st, ld, j0, j1, t0, mrows, ni, P.mask.sc, <uint8_t *>ws.mtb, nv)
+        qvec_bool_mask_chunk(st, ld, j0, j1, t0, mrows, ni, P.mask.sc, <uint8_t *>ws.mtb, nv)
 
 
 cdef inline void prefetch_tile(const Plan *P, const floating *kbase, const floating *vbase,
@@ -1082,20 +1082,20 @@ cdef inline void prefetch_tile(const Plan *P, const floating *kbase, const float
         prefetch_rows(vbase + t0 * P.v.sr, t1 - t0, P.v.sr, P.Dv)
 
 
-cdef inline int t_width(int64_t nvec) noexcept nogil:
+cdef inline int qvec_chunk_width(int64_t nvec) noexcept nogil:
     """The widest query-vectorised kernel width that nvec (>= 1) vectors of lanes
-    fill: FA_T_NV, 2 or 1 vectors (the widths the kernels are instantiated for)."""
-    return FA_T_NV if nvec >= FA_T_NV else (2 if nvec >= 2 else 1)
+    fill: FA_QVEC_NV, 2 or 1 vectors (the widths the kernels are instantiated for)."""
+    return FA_QVEC_NV if nvec >= FA_QVEC_NV else (2 if nvec >= 2 else 1)
 
 
-cdef int t_runs(int64_t j0, int64_t j1, const int64_t *a, const int64_t *e, int nv,
+cdef int qvec_key_runs(int64_t j0, int64_t j1, const int64_t *a, const int64_t *e, int nv,
                 int64_t *rs, int64_t *re, int *rv, int *rw) noexcept nogil:
     """Cut keys [j0, j1) of a chunk whose vector v sees keys [a[v], e[v]) (tile
     rows; empty when e[v] <= a[v]) into runs: keys [rs, re) seen by every vector
     of rv .. rv + rw - 1, a maximal group of adjacent vectors.  The keys a vector
     sees are the union of its runs.  Returns the number of runs (at most
     (2 nv + 1) * (nv + 1) / 2: 2 nv + 1 segments between the range ends)."""
-    cdef int64_t bp[2 * FA_T_NV + 2]
+    cdef int64_t bp[2 * FA_QVEC_NV + 2]
     cdef int64_t x, st
     cdef int nb = 0, n = 0, i, k, v
     bp[nb] = j0
@@ -1138,15 +1138,15 @@ cdef int t_runs(int64_t j0, int64_t j1, const int64_t *a, const int64_t *e, int 
     return n
 
 
-cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
+cdef void run_qvec_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
                      int64_t kb, int64_t ke, int mode, floating *stats, floating *part_o,
                      floating *part_m, double *part_l) noexcept nogil:
-    """Query-vectorised unit: rows r0..r0+nr-1 (nr <= BLOCK_QT) of batch b, keys kb..ke-1.
+    """Query-vectorised unit: rows r0..r0+nr-1 (nr <= BLOCK_Q_QVEC) of batch b, keys kb..ke-1.
 
     Lanes run over queries: Qt (Dk x lanes) is packed once, keys and values are
     read in place as broadcast scalars, and each query's online softmax (max,
     sum, rescale) is a vertical vector operation.  The rows are cut into chunks
-    of FA_T_NV, 2 or 1 vectors of lanes (the widest that the remaining rows
+    of FA_QVEC_NV, 2 or 1 vectors of lanes (the widest that the remaining rows
     fill), so a unit of 16 float32 rows is one vector wide, not a quarter of a
     4-vector chunk.
 
@@ -1156,7 +1156,7 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     lse, into stats: no P.V) and MODE_WEIGHTS (weights = exp(s - lse) written
     to the weights rows, out = weights . V)."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
-    cdef int64_t ld = t_ld(sizeof(floating))
+    cdef int64_t ld = qvec_ld(sizeof(floating))
     cdef int64_t nch = 0, lanes = 0, nvec = (nr + W - 1) // W
     cdef int64_t Dk = P.Dk, Dv = P.Dv, i, d, c, ch, j, j0, j1, jj0, jj1, t0, t1, n, c0, cw
     cdef int nv
@@ -1198,12 +1198,12 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     # quarters of a 4-vector chunk's keys, per vector)
     cdef int64_t vec_lo[64]
     cdef int64_t vec_hi[64]
-    cdef int64_t va[FA_T_NV]
-    cdef int64_t ve[FA_T_NV]
-    cdef int64_t run_s[T_RUNS_MAX]
-    cdef int64_t run_e[T_RUNS_MAX]
-    cdef int run_v[T_RUNS_MAX]
-    cdef int run_w[T_RUNS_MAX]
+    cdef int64_t va[FA_QVEC_NV]
+    cdef int64_t ve[FA_QVEC_NV]
+    cdef int64_t run_s[QVEC_RUNS_MAX]
+    cdef int64_t run_e[QVEC_RUNS_MAX]
+    cdef int run_v[QVEC_RUNS_MAX]
+    cdef int run_w[QVEC_RUNS_MAX]
     cdef int nruns, ri, rv0, rw0, nw, v
     cdef int need_pv = mode != MODE_STATS
     cdef floating *wbase = (<floating *>P.w.base) + batch_offset(P, &P.w, b) if mode == MODE_WEIGHTS else NULL
@@ -1211,9 +1211,9 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     cdef floating fill
     cdef int64_t ni
 
-    # chunks: as many of FA_T_NV vectors as the rows fill, then 2, then 1 (t_width)
+    # chunks: as many of FA_QVEC_NV vectors as the rows fill, then 2, then 1 (qvec_chunk_width)
     while nvec > 0:
-        nv = t_width(nvec)
+        nv = qvec_chunk_width(nvec)
         ch_c0[nch] = lanes
         ch_nv[nch] = nv
         lanes += nv * W
@@ -1233,9 +1233,9 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
     # otherwise d outer (contiguous stores, the nr source rows stay in L1)
     if P.q.sc == 1:
         if floating is float:
-            fa_tq_pack_f(qbase, ws.qoff, nr, Dk, scale, qt, ld, 0)
+            fa_pack_transposed_f(qbase, ws.qoff, nr, Dk, scale, qt, ld, 0)
         else:
-            fa_tq_pack_d(qbase, ws.qoff, nr, Dk, scale, qt, ld, 0)
+            fa_pack_transposed_d(qbase, ws.qoff, nr, Dk, scale, qt, ld, 0)
     else:
         for d in range(Dk):
             for i in range(nr):
@@ -1282,7 +1282,7 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
         # (a chunk's key range [ch_lo, ch_hi) lies inside [lo_all, hi_all))
         for i in range(lanes):
             m[i] = stats[i] if i < nr else 0
-        for i in range(FA_T_NV * W):
+        for i in range(FA_QVEC_NV * W):
             mxt[i] = 1        # the row scales of the transposed weight writes
         for ch in range(nch):
             for i in range(ch_c0[ch], min(ch_c0[ch] + ch_nv[ch] * W, nr)):
@@ -1324,19 +1324,19 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                 for v in range(nv):
                     va[v] = max(vec_lo[c0 // W + v] - t0, j0)
                     ve[v] = min(vec_hi[c0 // W + v] - t0, j1)
-                nruns = t_runs(j0, j1, va, ve, nv, run_s, run_e, run_v, run_w)
+                nruns = qvec_key_runs(j0, j1, va, ve, nv, run_s, run_e, run_v, run_w)
                 if nruns == 1 and run_w[0] == nv:
                     nruns = 0         # every vector sees every key: one block
             if nruns == 0:
-                tqk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + c0, ld, Dk, st + c0, ld, j0, j1, mx, nv,
+                qvec_qk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + c0, ld, Dk, st + c0, ld, j0, j1, mx, nv,
                           ch == 0)
             else:
                 for ri in range(nruns):
                     rv0 = run_v[ri]
                     rw0 = run_w[ri]
                     while rw0 > 0:
-                        nw = t_width(rw0)
-                        tqk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + c0 + rv0 * W, ld, Dk,
+                        nw = qvec_chunk_width(rw0)
+                        qvec_qk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + c0 + rv0 * W, ld, Dk,
                                   st + c0 + rv0 * W, ld, run_s[ri], run_e[ri], <floating *>NULL, nw, ch == 0)
                         rv0 += nw
                         rw0 -= nw
@@ -1348,18 +1348,18 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                             for i in range(c0 + v * W, c0 + v * W + W):
                                 st[j * ld + i] = -INFINITY
             if needs_options:
-                apply_score_options_t(P, ws, st + c0, ld, j0, j1, t0, c0,
+                apply_score_options_qvec(P, ws, st + c0, ld, j0, j1, t0, c0,
                                       min(cw, nr - c0), cw, b, r0, mbo, bbo)
             if masked:
-                tmask_chunk(st + c0, ld, j0, j1, t0, lof + c0, hif + c0, nv)
+                qvec_range_mask_chunk(st + c0, ld, j0, j1, t0, lof + c0, hif + c0, nv)
             if mode == MODE_WEIGHTS:
-                tweights_chunk(st + c0, ld, j0, j1, m + c0, nv)
+                qvec_weights_chunk(st + c0, ld, j0, j1, m + c0, nv)
                 ni = min(cw, nr - c0)
                 if P.w.sc == 1 and ws.goff[c0] == ws.goff[c0 + ni - 1]:
                     # rows of one group are equally spaced: register transposes
                     # (mxt holds ones: the scale of each row)
                     grp = ws.goff[c0]
-                    tout_rows(st + j0 * ld + c0, ld, ni, j1 - j0, mxt,
+                    qvec_store_rows(st + j0 * ld + c0, ld, ni, j1 - j0, mxt,
                               wbase + grp * P.w.sg + (r0 + c0 - grp * P.Lq) * P.w.sr + t0 + j0, P.w.sr)
                 else:
                     for i in range(c0, c0 + ni):
@@ -1368,7 +1368,7 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                         for j in range(j0, j1):
                             wrow[(t0 + j) * P.w.sc] = st[j * ld + i]
             else:
-                tsoftmax_chunk(st + c0, ld, j0, j1, m + c0, l + c0, ot + c0, ld, Dv if need_pv else 0,
+                qvec_softmax_chunk(st + c0, ld, j0, j1, m + c0, l + c0, ot + c0, ld, Dv if need_pv else 0,
                                mx, nv)
             if not need_pv:
                 continue
@@ -1378,13 +1378,13 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
                     rv0 = run_v[ri]
                     rw0 = run_w[ri]
                     while rw0 > 0:
-                        nw = t_width(rw0)
-                        tpv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + c0 + rv0 * W, ld,
+                        nw = qvec_chunk_width(rw0)
+                        qvec_pv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + c0 + rv0 * W, ld,
                                   run_s[ri], run_e[ri], ot + c0 + rv0 * W, ld, nw)
                         rv0 += nw
                         rw0 -= nw
             elif not vnf:
-                tpv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + c0, ld, j0, j1, ot + c0, ld, nv)
+                qvec_pv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + c0, ld, j0, j1, ot + c0, ld, nv)
             else:
                 # values hold inf/NaN: only each lane's visible keys may touch it
                 for i in range(c0, min(c0 + cw, nr)):
@@ -1419,7 +1419,7 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
             part_m[i] = m[i] if l[i] == l[i] else <floating>NAN
             part_l[i] = l[i]
             lof[i] = 1        # (the lanes' key ranges are no longer needed)
-        tout_rows(ot, ld, nr, Dv, lof, part_o, Dv)
+        qvec_store_rows(ot, ld, nr, Dv, lof, part_o, Dv)
         return
 
     # Ot / l into the output rows (zeros for a row that saw no key).  Rows of
@@ -1430,7 +1430,7 @@ cdef void run_unit_t(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
         for i in range(nr):
             lof[i] = 1 / l[i] if l[i] > 0 or l[i] != l[i] else 0
         grp = ws.goff[0]
-        tout_rows(ot, ld, nr, Dv, lof, obase + grp * P.o.sg + (r0 - grp * P.Lq) * P.o.sr, P.o.sr)
+        qvec_store_rows(ot, ld, nr, Dv, lof, obase + grp * P.o.sg + (r0 - grp * P.Lq) * P.o.sr, P.o.sr)
         for i in range(nr):
             if not (l[i] > 0 or l[i] != l[i]):
                 orow = obase + grp * P.o.sg + (r0 + i - grp * P.Lq) * P.o.sr
@@ -1525,11 +1525,11 @@ cdef inline int64_t plan_work(const Plan *P) noexcept nogil:
 
 cdef enum:
     UNIT_PLAIN = 0       # row-major unit, online softmax over all keys
-    UNIT_T = 1           # query-vectorised unit
+    UNIT_QVEC = 1           # query-vectorised unit
     UNIT_WEIGHTS = 2     # row-major unit, statistics pass then weights pass
     UNIT_SPLIT = 3       # one key split of a row-major unit (merged afterwards)
-    UNIT_T_SPLIT = 4     # one key split of a query-vectorised unit
-    UNIT_T_WEIGHTS = 5   # query-vectorised unit, statistics pass then weights pass
+    UNIT_QVEC_SPLIT = 4     # one key split of a query-vectorised unit
+    UNIT_QVEC_WEIGHTS = 5   # query-vectorised unit, statistics pass then weights pass
 
 
 cdef void do_unit(const Plan *P, Workspace *ws, int64_t u, int kind, int64_t units, int64_t nblk,
@@ -1537,7 +1537,7 @@ cdef void do_unit(const Plan *P, Workspace *ws, int64_t u, int kind, int64_t uni
                   floating *po, floating *pm, double *pl) noexcept nogil:
     """Work unit u of attention_run (the same on the serial and the threaded path)."""
     cdef int64_t b, r0, nr, sp, kb, ke, uu
-    if kind == UNIT_SPLIT or kind == UNIT_T_SPLIT:
+    if kind == UNIT_SPLIT or kind == UNIT_QVEC_SPLIT:
         sp = u // units
         uu = u % units
         b = uu // nblk
@@ -1545,13 +1545,13 @@ cdef void do_unit(const Plan *P, Workspace *ws, int64_t u, int kind, int64_t uni
         nr = min(bq, P.nrows - r0)
         kb = sp * chunk
         ke = min(P.Lk, kb + chunk)
-        if kind == UNIT_T_SPLIT:
-            run_unit_t(P, ws, b, r0, nr, kb, ke, MODE_PARTIAL, <floating *>NULL,
+        if kind == UNIT_QVEC_SPLIT:
+            run_qvec_unit(P, ws, b, r0, nr, kb, ke, MODE_PARTIAL, <floating *>NULL,
                        po + (sp * stride_split + uu * rows) * P.Dv,
                        pm + sp * stride_split + uu * rows,
                        pl + sp * stride_split + uu * rows)
         else:
-            run_unit(P, ws, b, r0, nr, kb, ke, MODE_PARTIAL, <floating *>NULL,
+            run_row_unit(P, ws, b, r0, nr, kb, ke, MODE_PARTIAL, <floating *>NULL,
                      po + (sp * stride_split + uu * rows) * P.Dv,
                      pm + sp * stride_split + uu * rows,
                      pl + sp * stride_split + uu * rows)
@@ -1559,25 +1559,25 @@ cdef void do_unit(const Plan *P, Workspace *ws, int64_t u, int kind, int64_t uni
     b = u // nblk
     r0 = (u % nblk) * bq
     nr = min(bq, P.nrows - r0)
-    if kind == UNIT_T:
-        run_unit_t(P, ws, b, r0, nr, 0, P.Lk, MODE_ONLINE, <floating *>NULL,
+    if kind == UNIT_QVEC:
+        run_qvec_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_ONLINE, <floating *>NULL,
                    <floating *>NULL, <floating *>NULL, <double *>NULL)
-    elif kind == UNIT_T_WEIGHTS:
-        run_unit_t(P, ws, b, r0, nr, 0, P.Lk, MODE_STATS, stats + u * rows,
+    elif kind == UNIT_QVEC_WEIGHTS:
+        run_qvec_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_STATS, stats + u * rows,
                    <floating *>NULL, <floating *>NULL, <double *>NULL)
-        run_unit_t(P, ws, b, r0, nr, 0, P.Lk, MODE_WEIGHTS, stats + u * rows,
+        run_qvec_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_WEIGHTS, stats + u * rows,
                    <floating *>NULL, <floating *>NULL, <double *>NULL)
     elif kind == UNIT_WEIGHTS:
-        run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_STATS, stats + u * rows,
+        run_row_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_STATS, stats + u * rows,
                  <floating *>NULL, <floating *>NULL, <double *>NULL)
-        run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_WEIGHTS, stats + u * rows,
+        run_row_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_WEIGHTS, stats + u * rows,
                  <floating *>NULL, <floating *>NULL, <double *>NULL)
     else:
-        run_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_ONLINE, <floating *>NULL,
+        run_row_unit(P, ws, b, r0, nr, 0, P.Lk, MODE_ONLINE, <floating *>NULL,
                  <floating *>NULL, <floating *>NULL, <double *>NULL)
 
 
-cdef inline int use_t_path(int64_t nrows, size_t item) noexcept nogil:
+cdef inline int use_qvec_path(int64_t nrows, size_t item) noexcept nogil:
     """Query-vectorised path for this many query rows (per batch entry)?  Its lanes
     are queries, so with a row count that is not a whole number of vectors part of
     the last vector is padding.  Measured on AVX-512 (float32, Lk 2048-8192, D 64
@@ -1586,14 +1586,14 @@ cdef inline int use_t_path(int64_t nrows, size_t item) noexcept nogil:
     6-12 lanes full), 24 rows 0.92x, 40 rows 0.95x; float64 16 rows 1.22x.  14-15
     rows against the few-rows path (keys and values in place): float64 on AVX-512
     1.15-1.30x, AVX2 float32 1.15-1.24x and float64 1.29x.  So: from
-    max(T_MIN_ROWS, 3/4 of an FA_T_NV-vector chunk) rows on (48 float32 rows on
-    AVX-512), and below that from T_MIN_ROWS rows on when at most 1/8 of the last
+    max(QVEC_MIN_ROWS, 3/4 of an FA_QVEC_NV-vector chunk) rows on (48 float32 rows on
+    AVX-512), and below that from QVEC_MIN_ROWS rows on when at most 1/8 of the last
     vector is padding (float32 on AVX-512: 14-16, 28-32, 42-47)."""
     cdef int64_t W = FA_VBYTES // item
     cdef int64_t lanes = round_up(nrows, W)
-    if nrows >= max(<int64_t>T_MIN_ROWS, 3 * FA_T_NV * W // 4):
+    if nrows >= max(<int64_t>QVEC_MIN_ROWS, 3 * FA_QVEC_NV * W // 4):
         return 1
-    return nrows >= T_MIN_ROWS and 8 * (lanes - nrows) <= lanes
+    return nrows >= QVEC_MIN_ROWS and 8 * (lanes - nrows) <= lanes
 
 
 cdef inline int64_t zigzag(int64_t u, int64_t nt, int64_t total) noexcept nogil:
@@ -1609,8 +1609,8 @@ cdef inline int64_t zigzag(int64_t u, int64_t nt, int64_t total) noexcept nogil:
 
 
 cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
-    cdef int use_t = use_t_path(P.nrows, sizeof(floating))
-    cdef int64_t bq = BLOCK_QT if use_t else BLOCK_Q
+    cdef int use_qvec = use_qvec_path(P.nrows, sizeof(floating))
+    cdef int64_t bq = BLOCK_Q_QVEC if use_qvec else BLOCK_Q
     cdef int64_t nblk = (P.nrows + bq - 1) // bq
     cdef int64_t rows = P.nrows if P.nrows < bq else bq
     cdef int64_t units = P.nbatch * nblk
@@ -1633,7 +1633,7 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     # Decode-like problems (few units, many keys) split the key range; the split
     # count depends on the shape only, never on the thread count, so results are
     # bit-identical for any num_threads.
-    min_keys = SPLIT_MIN_KEYS_T if use_t else SPLIT_MIN_KEYS
+    min_keys = SPLIT_MIN_KEYS_QVEC if use_qvec else SPLIT_MIN_KEYS
     if units < SPLIT_TARGET and not P.want_weights and P.Lk >= 2 * min_keys:
         nsplit = (SPLIT_TARGET + units - 1) // units
         if nsplit > P.Lk // min_keys:
@@ -1657,12 +1657,12 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
             raise MemoryError()
 
     if nsplit > 1:
-        kind = UNIT_T_SPLIT if use_t else UNIT_SPLIT
+        kind = UNIT_QVEC_SPLIT if use_qvec else UNIT_SPLIT
         total = units * nsplit
     elif P.want_weights:
-        kind = UNIT_T_WEIGHTS if use_t else UNIT_WEIGHTS
-    elif use_t:
-        kind = UNIT_T
+        kind = UNIT_QVEC_WEIGHTS if use_qvec else UNIT_WEIGHTS
+    elif use_qvec:
+        kind = UNIT_QVEC
     # Causal and left windows give later rows more keys: the threads take units
     # last-first, heaviest first, so the team does not wait at the end for one
     # thread's last diagonal block (any order gives the same bits: each unit
@@ -1685,7 +1685,7 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
         # Small problems: no OpenMP region at all (even a one-thread region is a
         # runtime call with locking), one workspace on the calling thread.
         with nogil:
-            ws = workspace_new(P, rows, sizeof(floating), use_t)
+            ws = workspace_new(P, rows, sizeof(floating), use_qvec)
             if ws == NULL:
                 failed = 1
             else:
@@ -1696,7 +1696,7 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
         with nogil, parallel(num_threads=nthreads):
             # Every thread must reach the worksharing loop below (OpenMP requires
             # it), so a failed allocation only disables the thread's share of work.
-            ws = workspace_new(P, rows, sizeof(floating), use_t)
+            ws = workspace_new(P, rows, sizeof(floating), use_qvec)
             if ws == NULL:
                 failed_p[0] = 1
             if static_map:
@@ -2276,7 +2276,7 @@ cdef void cols_unit(const floating *x, int64_t xso, int64_t xsn, floating *y, in
     them with the same values).  Needs inner >= one vector; no column is
     touched by two blocks."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
-    cdef int64_t CW = FA_T_NV * W
+    cdef int64_t CW = FA_QVEC_NV * W
     cdef int64_t o = u // nblk
     cdef int64_t c0 = (u % nblk) * CW
     cdef int64_t w = (inner - c0) if u % nblk == nblk - 1 else CW
@@ -2304,7 +2304,7 @@ cdef void cols_unit(const floating *x, int64_t xso, int64_t xsn, floating *y, in
 
 cdef int softmax_cols_run(const floating *x, int64_t xso, int64_t xsn, floating *y, int64_t yso, int64_t ysn,
                           int64_t outer, int64_t n, int64_t inner, int log_mode, int nthreads) except -1:
-    cdef int64_t CW = FA_T_NV * (FA_VBYTES // sizeof(floating))
+    cdef int64_t CW = FA_QVEC_NV * (FA_VBYTES // sizeof(floating))
     cdef int64_t nblk = inner // CW if inner >= CW else 1    # the last block takes the rest
     cdef int64_t units = outer * nblk, u
     cdef int use_threads = nthreads > 1 and units > 1 and outer * n * inner > SOFTMAX_PARALLEL_MIN

@@ -61,29 +61,29 @@
 /* Query-vectorised kernels: lanes run over queries, so the per-query softmax
  * bookkeeping is vertical (no horizontal reductions), keys and values are read
  * in place as broadcast scalars (no packing, any strides).  A chunk is 1, 2 or
- * FA_T_NV vectors of queries (a unit's rows are cut into the widest chunks that
+ * FA_QVEC_NV vectors of queries (a unit's rows are cut into the widest chunks that
  * fit, so 16 rows are one vector, not a quarter of a 4-vector chunk);
  * micro-blocks are MR keys (QK) or value columns (PV) by one chunk, MR * nv
- * accumulators, with MR = FA_T_MR1 / FA_T_MR2 / FA_T_MR for 1 / 2 / FA_T_NV
+ * accumulators, with MR = FA_QVEC_MR1 / FA_QVEC_MR2 / FA_QVEC_MR for 1 / 2 / FA_QVEC_NV
  * vectors: enough independent FMA chains to cover the latency, few enough
  * broadcast pointers to stay in registers. */
 #if FA_VBYTES == 64
-#  define FA_T_NV 4
-#  define FA_T_MR 6
-#  define FA_T_MR2 8
-#  define FA_T_MR1 16
+#  define FA_QVEC_NV 4
+#  define FA_QVEC_MR 6
+#  define FA_QVEC_MR2 8
+#  define FA_QVEC_MR1 16
 #else
-#  define FA_T_NV 2
-#  define FA_T_MR 6
-#  define FA_T_MR2 6
-#  define FA_T_MR1 8
+#  define FA_QVEC_NV 2
+#  define FA_QVEC_MR 6
+#  define FA_QVEC_MR2 6
+#  define FA_QVEC_MR1 8
 #endif
-#define FA_T_MRMAX 16
-#if FA_T_NV > 4
-#  error "T_RUNS_MAX (_attn_body.pxi) bounds the key runs of chunks of at most 4 vectors"
+#define FA_QVEC_MRMAX 16
+#if FA_QVEC_NV > 4
+#  error "QVEC_RUNS_MAX (_attn_body.pxi) bounds the key runs of chunks of at most 4 vectors"
 #endif
-#if FA_T_MR > FA_T_MRMAX || FA_T_MR1 > FA_T_MRMAX || FA_T_MR2 > FA_T_MRMAX
-#  error "FA_T_MRMAX must bound every query-vectorised MR"
+#if FA_QVEC_MR > FA_QVEC_MRMAX || FA_QVEC_MR1 > FA_QVEC_MRMAX || FA_QVEC_MR2 > FA_QVEC_MRMAX
+#  error "FA_QVEC_MRMAX must bound every query-vectorised MR"
 #endif
 
 #if FA_QK_NV * FA_VBYTES / 4 > 32

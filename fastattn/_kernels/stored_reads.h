@@ -1,0 +1,379 @@
+/* Every kernel that reads q, k or v where the caller stores them: dot products
+ * and scores of few query rows against key rows read in place (decode), P.V
+ * over value rows read in place, the copy of value rows into a packed tile, and
+ * the transposed pack of query or key rows.  Part of the per-type body
+ * (simd_body.h).  Not a standalone header. */
+
+/* Transposed query pack: qt[d * ld + i] = q[qoff[i] + d] * scale for i < nr,
+ * d < D (query elements contiguous).  W x W blocks through registers as in
+ * fa_qvec_store_rows.  pf != 0: while a block of W rows is read, the same elements
+ * pf further on are requested (the key pack streams its rows from memory and
+ * passes W rows' stride: the next block's rows). */
+static inline void FA_SFX(fa_pack_transposed)(const FA_T *q, const int64_t *qoff, int64_t nr, int64_t D, FA_T scale,
+                                      FA_T *qt, int64_t ld, int64_t pf)
+{
+    int64_t i0 = 0;
+#if FA_HAVE_SHUFFLE
+    for (; i0 + FA_W <= nr; i0 += FA_W) {
+        int64_t d0 = 0;
+        for (; d0 + FA_W <= D; d0 += FA_W) {
+            FA_V r[FA_W];
+            if (pf)
+                FA_UNROLL for (int i = 0; i < FA_W; i++) __builtin_prefetch(q + qoff[i0 + i] + pf + d0, 0, FA_PF_LOC);
+            FA_UNROLL for (int i = 0; i < FA_W; i++) r[i] = FA_SFX(fa_load)(q + qoff[i0 + i] + d0);
+            FA_SFX(fa_transpose)(r);
+            FA_UNROLL for (int d = 0; d < FA_W; d++) FA_SFX(fa_store)(qt + (d0 + d) * ld + i0, r[d] * scale);
+        }
+        for (int64_t d = d0; d < D; d++)
+            for (int64_t i = i0; i < i0 + FA_W; i++) qt[d * ld + i] = q[qoff[i] + d] * scale;
+    }
+#endif
+    for (int64_t d = 0; d < D; d++)
+        for (int64_t i = i0; i < nr; i++) qt[d * ld + i] = q[qoff[i] + d] * scale;
+}
+
+/* PV micro-kernel on mr (<= FA_PV_MR) rows and nv (<= FA_PV_NV) vectors of
+ * columns, both compile-time constants after inlining:
+ * O[0:mr, :nv*W] += P[0:mr, k0:k1] . V[k0:k1, :nv*W].  pfn > 0: the value rows
+ * pf further on are requested, pfn elements each (V streamed from memory). */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp, int64_t ldv,
+                    int64_t k0, int64_t k1, FA_T *restrict o, int64_t ldo, const int mr, const int nv,
+                    int64_t pf, int64_t pfn)
+{
+    FA_V acc[FA_PV_MR][FA_PV_NV];
+    FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
+        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
+            if (i < mr && v < nv) acc[i][v] = FA_SFX(fa_load)(o + i * ldo + v * FA_W);
+    for (int64_t k = k0; k < k1; k++) {
+        FA_V b[FA_PV_NV];
+        if (pfn) FA_SFX(fa_prefetch)(vp + (k + pf) * ldv, pfn);
+        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
+            if (v < nv) b[v] = FA_SFX(fa_load)(vp + k * ldv + v * FA_W);
+        FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
+            if (i < mr) {
+                const FA_V a = FA_SFX(fa_set1)(p[i * ldp + k]);
+                FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
+                    if (v < nv) acc[i][v] += a * b[v];
+            }
+    }
+    FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
+        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
+            if (i < mr && v < nv) FA_SFX(fa_store)(o + i * ldo + v * FA_W, acc[i][v]);
+}
+
+/* O[0:mr, 0:nvec*W] += P[0:mr, k0:k1] . V[k0:k1, 0:nvec*W] (mr a compile-time
+ * constant after inlining), in column chunks of FA_PV_NV vectors and one chunk
+ * of the rest.  pfn > 0: the first chunk requests the value rows pf ahead. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_cols)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp, int64_t ldv,
+                   int64_t k0, int64_t k1, FA_T *restrict o, int64_t ldo, int64_t nvec, const int mr,
+                   int64_t pf, int64_t pfn)
+{
+    int64_t c = 0;
+    for (; c + FA_PV_NV <= nvec; c += FA_PV_NV, pfn = 0)
+        FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, FA_PV_NV, pf, pfn);
+    switch (nvec - c) {
+    case 1: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 1, pf, pfn); break;
+    case 2: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 2, pf, pfn); break;
+    case 3: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 3, pf, pfn); break;
+    default: break;
+    }
+}
+
+/* ---------------- few query rows (decode) ----------------
+ * Lanes run over the head dimension: keys and values are read in place, one
+ * contiguous row at a time, so nothing is packed and no lane is wasted on
+ * padding rows; these loops are bound by memory bandwidth, not FLOPs. */
+
+static inline FA_T FA_SFX(fa_dot)(const FA_T *a, const FA_T *b, int64_t n)
+{
+    FA_V acc0 = FA_SFX(fa_set1)(0), acc1 = acc0;
+    int64_t d = 0;
+    for (; d + 2 * FA_W <= n; d += 2 * FA_W) {
+        acc0 += FA_SFX(fa_load)(a + d) * FA_SFX(fa_load)(b + d);
+        acc1 += FA_SFX(fa_load)(a + d + FA_W) * FA_SFX(fa_load)(b + d + FA_W);
+    }
+    for (; d + FA_W <= n; d += FA_W) acc0 += FA_SFX(fa_load)(a + d) * FA_SFX(fa_load)(b + d);
+    FA_T s = 0;
+    for (; d < n; d++) s += a[d] * b[d];
+    return s + FA_SFX(fa_hsum)(acc0 + acc1);
+}
+
+/* Copy n rows of D contiguous elements (rows sr apart) into dst rows ldd apart,
+ * whole vectors at a time; a row's last partial vector is stored whole with
+ * zeros past D (dst rows hold D rounded up to a vector).  Returns 1 if any
+ * copied element is inf or NaN (x * 0 is NaN only for those). */
+static inline int FA_SFX(fa_pack_rows)(const FA_T *src, int64_t sr, int64_t n, int64_t D,
+                                       FA_T *dst, int64_t ldd)
+{
+    FA_V acc0 = FA_SFX(fa_set1)(0), acc1 = acc0;
+    const int64_t pf = FA_SFX(fa_pf_rows)(D);
+    for (int64_t j = 0; j < n; j++) {
+        const FA_T *s = src + j * sr;
+        FA_T *d = dst + j * ldd;
+        FA_SFX(fa_prefetch)(s + pf * sr, D);
+        int64_t c = 0;
+        for (; c + 2 * FA_W <= D; c += 2 * FA_W) {
+            const FA_V x0 = FA_SFX(fa_load)(s + c), x1 = FA_SFX(fa_load)(s + c + FA_W);
+            FA_SFX(fa_store)(d + c, x0);
+            FA_SFX(fa_store)(d + c + FA_W, x1);
+            acc0 += x0 * 0;
+            acc1 += x1 * 0;
+        }
+        for (; c < D; c += FA_W) {
+            const FA_V x = c + FA_W <= D ? FA_SFX(fa_load)(s + c) : FA_SFX(fa_load_part)(s + c, D - c, 0);
+            FA_SFX(fa_store)(d + c, x);
+            acc0 += x * 0;
+        }
+    }
+    return FA_SFX(fa_hsum)(acc0 + acc1) != 0;    /* lanes hold 0 or NaN */
+}
+
+/* fa_qk_rows takes the rows in blocks of at most this many (a power of two) */
+#define FA_QKR_MAX (FA_W < 8 ? FA_W : 8)
+#if FA_HAVE_SHUFFLE
+/* Scores of R query rows (R a power of two <= W) with G = W / R keys, kg's rows
+ * ksr apart, in one pass over the keys: one accumulator per (row, key) pair, so
+ * W independent FMA chains, each key vector loaded once for the R rows; then
+ * one transpose-and-add tree instead of W horizontal sums.  Lane i*G + u of the
+ * tree's result is the sum of the lanes of pair (i, u) in fa_hsum's order, so a
+ * score does not depend on R or on the key's place in the group.  Stores the
+ * first nrow rows' scores of the first nk keys (s rows lds apart); keys past nk
+ * are not read.  pf != 0: while a key vector is read, the same vector pf rows
+ * further on is requested (the keys stream from memory: one request per load,
+ * spread evenly over the pass). */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_T *kg, int64_t ksr,
+                   int nk, int64_t pf, FA_T *s, int64_t lds)
+{
+    const int G = FA_W / R;
+    FA_V r[FA_W];
+    FA_UNROLL for (int x = 0; x < FA_W; x++) r[x] = FA_SFX(fa_set1)(0);
+    int64_t d = 0;
+    for (; d + FA_W <= D; d += FA_W) {
+        FA_V kv[FA_W];
+        FA_UNROLL for (int u = 0; u < G; u++)
+            if (u < nk) {
+                if (pf) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
+                kv[u] = FA_SFX(fa_load)(kg + u * ksr + d);
+            }
+        FA_UNROLL for (int i = 0; i < R; i++) {
+            const FA_V qv = FA_SFX(fa_load)(qp + i * ldq + d);
+            FA_UNROLL for (int u = 0; u < G; u++)
+                if (u < nk) r[i * G + u] += qv * kv[u];
+        }
+    }
+    if (d < D) {
+        FA_V kv[FA_W];
+        FA_UNROLL for (int u = 0; u < G; u++)
+            if (u < nk) kv[u] = FA_SFX(fa_load_part)(kg + u * ksr + d, D - d, 0);
+        FA_UNROLL for (int i = 0; i < R; i++) {
+            const FA_V qv = FA_SFX(fa_load_part)(qp + i * ldq + d, D - d, 0);
+            FA_UNROLL for (int u = 0; u < G; u++)
+                if (u < nk) r[i * G + u] += qv * kv[u];
+        }
+    }
+    FA_UNROLL for (int h = FA_W / 2; h >= 1; h /= 2) {
+        FA_VI ma, mb;
+        FA_SFX(fa_transpose_masks)(h, &ma, &mb);
+        FA_UNROLL for (int a = 0; a < h; a++)
+            r[a] = __builtin_shuffle(r[a], r[a + h], ma) + __builtin_shuffle(r[a], r[a + h], mb);
+    }
+    if (R == 1 && nk == FA_W) {
+        FA_SFX(fa_store)(s, r[0]);
+    } else {
+        FA_T t[FA_W];
+        FA_SFX(fa_store)(t, r[0]);
+        for (int i = 0; i < nrow; i++)
+            for (int u = 0; u < nk; u++) s[i * lds + u] = t[i * G + u];
+    }
+}
+
+/* fa_qk_rows for nrow <= R rows (qp rows up to R readable; the padding rows'
+ * scores are computed and dropped). */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_T *k, int64_t ksr,
+                     int64_t n, FA_T *s, int64_t lds, int stream)
+{
+    const int G = FA_W / R;
+    const int64_t pfr = FA_SFX(fa_pf_rows)(D);
+    const int64_t pf = !stream ? 0 : pfr > G ? pfr : G;
+    int64_t j = 0;
+    for (; j + G <= n; j += G)
+        FA_SFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, G, pf, s + j, lds);
+    if (j < n)
+        FA_SFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, (int)(n - j), 0, s + j, lds);
+}
+#endif
+
+#if FA_HAVE_SHUFFLE
+/* One block of rows (<= FA_QKR_MAX) in one pass per group of keys, its row count
+ * padded to a power of two. */
+static inline void FA_SFX(fa_qk_rows_pad)(const FA_T *q, int64_t ldq, int rows, int64_t D, const FA_T *k,
+                                          int64_t ksr, int64_t n, FA_T *s, int64_t lds, int stream)
+{
+    if (rows <= 1)
+        FA_SFX(fa_qk_rows_r)(q, ldq, 1, rows, D, k, ksr, n, s, lds, stream);
+    else if (rows <= 2 || FA_QKR_MAX < 4)
+        FA_SFX(fa_qk_rows_r)(q, ldq, 2, rows, D, k, ksr, n, s, lds, stream);
+    else if (rows <= 4 || FA_QKR_MAX < 8)
+        FA_SFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 4 ? 4 : 2, rows, D, k, ksr, n, s, lds, stream);
+    else
+        FA_SFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 8 ? 8 : 2, rows, D, k, ksr, n, s, lds, stream);
+}
+#endif
+
+/* S[i][j] = qp[i] . k[j] for i < nr, j < n; key rows contiguous, ksr apart.
+ * Blocks of up to FA_QKR_MAX rows, each in one pass over the keys per group of
+ * keys (fa_qk_pass) with its row count rounded up to a power of two (5-6 rows
+ * as 4 + 1 or 4 + 2): qp must hold zeros (or any finite numbers) up to nr
+ * rounded up to FA_QKR_MAX rows.  Replaces one dot product and horizontal sum
+ * per row and key (the horizontal sums' latency chains made it 4-6x slower
+ * than the FMAs allow): 1.1-1.4x faster on 2-14 rows, paired, keys from memory
+ * or from cache. */
+static inline void FA_SFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, int64_t D,
+                                      const FA_T *k, int64_t ksr, int64_t n, FA_T *s, int64_t lds)
+{
+    const int64_t pf = FA_SFX(fa_pf_rows)(D);
+#if FA_HAVE_SHUFFLE
+    if (nr == 1) {
+        /* a unit of a single row: key by key, one sequential stream (the decode
+         * cases, bound by memory: 5-7 % faster than fa_qk_pass's group order).
+         * Only for a unit of one row: a row's scores are otherwise the same for
+         * any number of rows in the unit */
+        for (int64_t j = 0; j < n; j++) {
+            FA_SFX(fa_prefetch)(k + (j + pf) * ksr, D);
+            s[j] = FA_SFX(fa_dot)(qp, k + j * ksr, D);
+        }
+        return;
+    }
+    for (int64_t i0 = 0; i0 < nr; i0 += FA_QKR_MAX) {
+        const int rows = nr - i0 < FA_QKR_MAX ? (int)(nr - i0) : FA_QKR_MAX;
+        const FA_T *q = qp + i0 * ldq;
+        FA_T *si = s + i0 * lds;
+        const int stream = i0 == 0;
+        if (FA_QKR_MAX == 8 && (rows == 5 || rows == 6)) {
+            /* a block of 4 and one of 1 or 2 (paired, 1.05-1.08x faster than one
+             * block of 8 with 2-3 padding rows; splitting 3 rows as 2 + 1
+             * measured 0.93x, 7 rows as 4 + 2 + 1 1.0x) */
+            FA_SFX(fa_qk_rows_pad)(q, ldq, 4, D, k, ksr, n, si, lds, stream);
+            FA_SFX(fa_qk_rows_pad)(q + 4 * ldq, ldq, rows - 4, D, k, ksr, n, si + 4 * lds, lds, 0);
+        } else {
+            FA_SFX(fa_qk_rows_pad)(q, ldq, rows, D, k, ksr, n, si, lds, stream);
+        }
+    }
+#else
+    for (int64_t j = 0; j < n; j++) {
+        FA_SFX(fa_prefetch)(k + (j + pf) * ksr, D);
+        for (int64_t i = 0; i < nr; i++) s[i * lds + j] = FA_SFX(fa_dot)(qp + i * ldq, k + j * ksr, D);
+    }
+#endif
+}
+
+/* One pass over the keys [k0, k1) for NB (8, 4 or 1, a constant after
+ * inlining) vectors of one output row: O[0:NB*W] += sum_k P[k] * V[k][0:NB*W],
+ * V rows ldv apart, read in place, accumulated key by key.  With nk > 0 the
+ * same loop also computes the single-row scores of the NEXT key tile,
+ * sn[j] = fa_dot(qp, kn[j]) for j < nk (fa_qk_rows' one-row order): a decode
+ * unit otherwise reads a tile's keys, then its values, one stream at a time,
+ * and two streams in flight keep more of a core's memory requests outstanding.
+ * The values and the scores are the same bits either way. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv1_qk_pass)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1, FA_T *o,
+                       const int NB, int prefetch, const FA_T *qp, int64_t D, const FA_T *kn, int64_t ksr,
+                       int64_t nk, FA_T *sn)
+{
+    const int64_t pfv = FA_SFX(fa_pf_rows)(NB * FA_W), pfk = FA_SFX(fa_pf_rows)(D);
+    const int64_t nv = k1 > k0 ? k1 - k0 : 0, both = nk < nv ? nk : nv;
+    FA_V a[8];
+    FA_UNROLL for (int u = 0; u < NB; u++) a[u] = FA_SFX(fa_load)(o + u * FA_W);
+    int64_t i = 0;
+    for (; i < both; i++) {
+        const FA_V w = FA_SFX(fa_set1)(p[k0 + i]);
+        const FA_T *vr = vv + (k0 + i) * ldv;
+        if (prefetch) FA_SFX(fa_prefetch)(vr + pfv * ldv, NB * FA_W);
+        FA_SFX(fa_prefetch)(kn + (i + pfk) * ksr, D);
+        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SFX(fa_load)(vr + u * FA_W);
+        sn[i] = FA_SFX(fa_dot)(qp, kn + i * ksr, D);
+    }
+    for (; i < nv; i++) {
+        const FA_V w = FA_SFX(fa_set1)(p[k0 + i]);
+        const FA_T *vr = vv + (k0 + i) * ldv;
+        if (prefetch) FA_SFX(fa_prefetch)(vr + pfv * ldv, NB * FA_W);
+        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SFX(fa_load)(vr + u * FA_W);
+    }
+    for (; i < nk; i++) {
+        FA_SFX(fa_prefetch)(kn + (i + pfk) * ksr, D);
+        sn[i] = FA_SFX(fa_dot)(qp, kn + i * ksr, D);
+    }
+    FA_UNROLL for (int u = 0; u < NB; u++) FA_SFX(fa_store)(o + u * FA_W, a[u]);
+}
+
+/* O[0][0:nvec*W] += sum_{k in [k0,k1)} P[0][k] * V[k][0:nvec*W] for one row (V
+ * rows ldv apart, read in place), in blocks of 8 vectors (a 128-float or
+ * 64-double row in one pass over the keys), then 4, then 1; prefetch: the 8-
+ * and 4-vector passes request the value rows ahead.  nk > 0: the first pass
+ * also computes the next tile's nk one-row scores (fa_pv1_qk_pass). */
+static inline void FA_SFX(fa_pv_qk_row1)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1,
+                                         FA_T *o, int64_t nvec, int prefetch, const FA_T *qp, int64_t D,
+                                         const FA_T *kn, int64_t ksr, int64_t nk, FA_T *sn)
+{
+    int64_t c = 0;
+    for (; c + 8 <= nvec; c += 8, nk = 0)
+        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, prefetch, qp, D, kn, ksr, nk, sn);
+    for (; c + 4 <= nvec; c += 4, nk = 0)
+        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, prefetch, qp, D, kn, ksr, nk, sn);
+    for (; c < nvec; c++, nk = 0)
+        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 1, 0, qp, D, kn, ksr, nk, sn);
+    if (nk)     /* no value columns at all: the scores alone */
+        FA_SFX(fa_pv1_qk_pass)(p, vv, ldv, 0, 0, o, 0, 0, qp, D, kn, ksr, nk, sn);
+}
+
+/* fa_pv_qk_row1 without the next tile's scores. */
+static inline void FA_SFX(fa_pv_row1)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1,
+                                      FA_T *o, int64_t nvec, int prefetch)
+{
+    FA_SFX(fa_pv_qk_row1)(p, vv, ldv, k0, k1, o, nvec, prefetch, NULL, 0, NULL, 0, 0, NULL);
+}
+
+/* O[i][0:nvec*W] += sum_{k in [k0,k1)} P[i][k] * V[k][0:nvec*W] for i < nr, V rows
+ * ldv apart, read in place.  Blocks of up to FA_PV_MR rows through the PV
+ * micro-kernel, so each value vector is loaded once per block of rows, not once
+ * per row (its accumulation order per element is the packed path's); a last
+ * single row through fa_pv_row1.  The first pass over the keys streams the
+ * values from memory and requests whole rows ahead. */
+static inline void FA_SFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, const FA_T *vv, int64_t ldv,
+                                      int64_t k0, int64_t k1, FA_T *o, int64_t ldo, int64_t nvec)
+{
+    const int64_t pf = FA_SFX(fa_pf_rows)(nvec * FA_W);
+    int64_t i0 = 0;
+    while (nr - i0 >= 2) {
+        const int mr = nr - i0 < FA_PV_MR ? (int)(nr - i0) : FA_PV_MR;
+        const FA_T *pi = p + i0 * ldp;
+        FA_T *oi = o + i0 * ldo;
+        const int64_t pfn = i0 == 0 ? nvec * FA_W : 0;
+#define FA_PV_ROWS_CASE(MR) \
+        case MR: FA_SFX(fa_pv_cols)(pi, ldp, vv, ldv, k0, k1, oi, ldo, nvec, MR, pf, pfn); break;
+        switch (mr) {
+        FA_PV_ROWS_CASE(2)
+#if FA_PV_MR >= 3
+        FA_PV_ROWS_CASE(3)
+#endif
+#if FA_PV_MR >= 4
+        FA_PV_ROWS_CASE(4)
+#endif
+#if FA_PV_MR >= 5
+        FA_PV_ROWS_CASE(5)
+#endif
+#if FA_PV_MR >= 6
+        FA_PV_ROWS_CASE(6)
+#endif
+        default: break;
+        }
+#undef FA_PV_ROWS_CASE
+        i0 += mr;
+    }
+    for (; i0 < nr; i0++)
+        FA_SFX(fa_pv_row1)(p + i0 * ldp, vv, ldv, k0, k1, o + i0 * ldo, nvec, i0 == 0);
+}
