@@ -1,0 +1,124 @@
+# The C side as Cython sees it: the kernels of simd.h (every ISA variant compiles
+# the same names for its own vector width), the fused compute type, the imports
+# every other part of the kernel module uses.
+
+from cython.parallel cimport prange, parallel
+from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
+from libc.math cimport exp, log, sqrt, isfinite, INFINITY, NAN
+
+cimport numpy as cnp
+import numpy as np
+
+cnp.import_array()
+
+ctypedef fused floating:
+    float
+    double
+
+cdef extern from "simd.h" nogil:
+    """
+    #if FASTATTN_HAVE_OPENMP
+    #include <omp.h>
+    #endif
+    """
+    const char *FA_ISA
+    enum:
+        FA_VBYTES
+        FA_QVEC_MR
+        FA_QVEC_NV
+        FA_QK_MR
+        FA_QK_NV
+        FA_PV_MR
+        FA_PV_NV
+    void *fa_alloc(size_t nbytes)
+    void fa_free(void *p)
+    float fa_row_max_f(const float *x, int64_t n)
+    double fa_row_max_d(const double *x, int64_t n)
+    float fa_row_max_nonan_f(const float *x, int64_t n)
+    double fa_row_max_nonan_d(const double *x, int64_t n)
+    void fa_col_softmax_chunk_f(const float *x, int64_t sx, float *y, int64_t sy, int64_t n, int log_mode)
+    void fa_col_softmax_chunk_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
+    void fa_col_softmax_vec_f(const float *x, int64_t sx, float *y, int64_t sy, int64_t n, int log_mode)
+    void fa_col_softmax_vec_d(const double *x, int64_t sx, double *y, int64_t sy, int64_t n, int log_mode)
+    void fa_pack_transposed_f(const float *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt,
+                      int64_t ld, int64_t pf)
+    void fa_pack_transposed_d(const double *q, const int64_t *qoff, int64_t nr, int64_t D, double scale, double *qt,
+                      int64_t ld, int64_t pf)
+    void fa_qvec_store_rows_f(const float *ot, int64_t ldo, int64_t nr, int64_t Dv, const float *inv, float *o, int64_t sor)
+    void fa_qvec_store_rows_d(const double *ot, int64_t ldo, int64_t nr, int64_t Dv, const double *inv, double *o, int64_t sor)
+    float fa_row_exp_sum_f(const float *x, float *y, int64_t n, float m)
+    double fa_row_exp_sum_d(const double *x, double *y, int64_t n, double m)
+    float fa_row_exp_sum_p_f(const float *x, float *y, int64_t n, float m)
+    double fa_row_exp_sum_p_d(const double *x, double *y, int64_t n, double m)
+    float fa_exp_p_f(float x)
+    double fa_exp_p_d(double x)
+    void fa_row_scale_f(const float *x, float *y, int64_t n, float a)
+    void fa_row_scale_d(const double *x, double *y, int64_t n, double a)
+    void fa_row_shift_f(const float *x, float *y, int64_t n, float a)
+    void fa_row_shift_d(const double *x, double *y, int64_t n, double a)
+    void fa_row_softcap_f(float *x, int64_t n, float c)
+    void fa_row_softcap_d(double *x, int64_t n, double c)
+    void fa_row_mask_bool_f(float *x, const uint8_t *m, int64_t n)
+    void fa_row_mask_bool_d(double *x, const uint8_t *m, int64_t n)
+    void fa_qvec_bias_f(float *st, int64_t lds, int64_t j0, int64_t j1, const float *const *brows, int64_t ni)
+    void fa_qvec_bias_d(double *st, int64_t lds, int64_t j0, int64_t j1, const double *const *brows, int64_t ni)
+    void fa_qvec_alibi_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0, const float *slopes,
+                     const int64_t *goff, const int64_t *pos, int64_t ni, int nv)
+    void fa_qvec_alibi_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0, const double *slopes,
+                     const int64_t *goff, const int64_t *pos, int64_t ni, int nv)
+    void fa_qk_block_f(const float *qp, int64_t ldq, const float *kt, int64_t D,
+                       float *s, int64_t lds, int64_t c0, int64_t e)
+    void fa_qk_block_d(const double *qp, int64_t ldq, const double *kt, int64_t D,
+                       double *s, int64_t lds, int64_t c0, int64_t e)
+    void fa_pv_block_f(const float *p, int64_t ldp, const float *vp, int64_t ldv,
+                       int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+    void fa_pv_block_d(const double *p, int64_t ldp, const double *vp, int64_t ldv,
+                       int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
+    void fa_qvec_qk_chunk_f(const float *k, int64_t ksr, int64_t ksc, const float *qt, int64_t ldq,
+                        int64_t D, float *st, int64_t lds, int64_t j0, int64_t j1, float *mx, int nv,
+                        int pf)
+    void fa_qvec_qk_chunk_d(const double *k, int64_t ksr, int64_t ksc, const double *qt, int64_t ldq,
+                        int64_t D, double *st, int64_t lds, int64_t j0, int64_t j1, double *mx, int nv,
+                        int pf)
+    void fa_qvec_pv_chunk_f(const float *v, int64_t vsr, int64_t vsc, int64_t Dv, const float *pt,
+                        int64_t lds, int64_t j0, int64_t j1, float *ot, int64_t ldo, int nv)
+    void fa_qvec_pv_chunk_d(const double *v, int64_t vsr, int64_t vsc, int64_t Dv, const double *pt,
+                        int64_t lds, int64_t j0, int64_t j1, double *ot, int64_t ldo, int nv)
+    void fa_qvec_range_mask_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                          const float *lo, const float *hi, int nv)
+    void fa_qvec_range_mask_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                          const double *lo, const double *hi, int nv)
+    void fa_qvec_softmax_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, float *l,
+                             float *ot, int64_t ldo, int64_t Dv, const float *mx, int nv)
+    void fa_qvec_softmax_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, double *m, double *l,
+                             double *ot, int64_t ldo, int64_t Dv, const double *mx, int nv)
+    void fa_qk_rows_f(const float *qp, int64_t ldq, int64_t nr, int64_t D, const float *k, int64_t ksr,
+                      int64_t n, float *s, int64_t lds)
+    void fa_qk_rows_d(const double *qp, int64_t ldq, int64_t nr, int64_t D, const double *k, int64_t ksr,
+                      int64_t n, double *s, int64_t lds)
+    void fa_pv_rows_f(const float *p, int64_t ldp, int64_t nr, const float *v, int64_t ldv,
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+    void fa_pv_rows_d(const double *p, int64_t ldp, int64_t nr, const double *v, int64_t ldv,
+                      int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
+    void fa_pv_qk_row1_f(const float *p, const float *v, int64_t ldv, int64_t k0, int64_t k1,
+                         float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const float *kn,
+                         int64_t ksr, int64_t nk, float *sn)
+    void fa_pv_qk_row1_d(const double *p, const double *v, int64_t ldv, int64_t k0, int64_t k1,
+                         double *o, int64_t nvec, int prefetch, const double *qp, int64_t D, const double *kn,
+                         int64_t ksr, int64_t nk, double *sn)
+    void fa_qvec_bool_mask_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                               const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf,
+                               int nv)
+    void fa_qvec_bool_mask_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
+                               const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf,
+                               int nv)
+    void fa_qvec_weights_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, const float *lse, int nv)
+    void fa_qvec_weights_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, const double *lse, int nv)
+    void fa_prefetch_rows_f(const float *p, int64_t nrows, int64_t sr, int64_t n)
+    void fa_prefetch_rows_d(const double *p, int64_t nrows, int64_t sr, int64_t n)
+    int fa_block_nonfinite_f(const float *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
+    int fa_block_nonfinite_d(const double *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
+    int fa_pack_rows_f(const float *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
+    int fa_pack_rows_d(const double *src, int64_t sr, int64_t n, int64_t D, double *dst, int64_t ldd)
+
+ISA = FA_ISA.decode()

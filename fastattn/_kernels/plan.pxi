@@ -1,0 +1,198 @@
+# The plan: what one attention (or softmax) call computes, as flat C data --
+# shapes, scalar options, and every operand as a pointer with element strides
+# over the broadcast batch dims -- plus the tiling constants and the geometry of
+# which keys a query row sees (causal, window, kv_lengths).  The argument path
+# (arguments.pxi) fills it; the units (row_unit.pxi, qvec_unit.pxi) read it.
+
+cdef enum:
+    MAXDIM = 64          # batch dims supported (NumPy's own limit)
+    BLOCK_Q = 64         # query rows per work unit (row-major path: decode, few rows, weights)
+    BLOCK_Q_QVEC = 128       # query rows per work unit (query-vectorised path)
+    QVEC_MIN_ROWS = 14      # fewer query rows than this: row-major path (see use_qvec_path)
+    FEW_MAX_ROWS = 13    # units of at most this many rows read keys and values in place (run_row_unit;
+                         # 14 and more rows are query-vectorised, or packed where query lanes pad too much)
+    QVEC_RUNS_MAX = 32      # key runs of a chunk's tile (qvec_key_runs: <= 22 for FA_QVEC_NV <= 4)
+    BLOCK_K = 128        # keys per tile (a multiple of every QK panel width).  Paired on
+                         # AVX2 (Zen 3): 64 was 2-8 % slower on long, 1-4 % on prefill, 9 %
+                         # on D 256 (fixed costs per tile and chunk: P.V accumulator
+                         # loads/stores, softmax setup, a 4-key QK tail), 192 5-7 % slower
+                         # on long and D 256, 96 level.  AVX-512 (Xeon): 64 was 1-3 % slower
+                         # on long, prefill, batch, f64, D 80 and D 256, level on causal; 256
+                         # 2-3 % slower on long, prefill, causal, f64, D 256
+    FUSE_CHUNK = 16      # keys per alternating P.V / next-tile Q.K chunk (pv_qk_chunks): a
+                         # multiple of FA_W (fa_qk_rows groups keys by W / rows); paired
+                         # against 32: 2-13 rows 1.00-1.03x; 64: 0.96-0.99x
+    PANEL_MAX = 32       # keys per QK panel, at most (FA_QK_NV vectors of floats)
+    PARALLEL_MIN_WORK = 200000  # smaller problems run on the calling thread alone
+    STATIC_MAX_WORK = 1 << 24   # smaller threaded problems: fixed unit -> thread map (attention_run)
+    SOFTMAX_PARALLEL_MIN = 32768  # elements; softmax of fewer runs on the calling thread
+    SPLIT_TARGET = 32    # split the key range when fewer units than this ...
+    SPLIT_MIN_KEYS = 512 # ... into chunks of at least this many keys
+    SPLIT_MIN_KEYS_QVEC = 1024  # (query-vectorised units: each split repacks its queries,
+                         # writes a partial output and is merged: measured 4-5 % of
+                         # the time at 512 keys per split, so at most ~2 % here)
+    CAUSAL_NONE = 0
+    CAUSAL_TOP_LEFT = 1
+    CAUSAL_BOTTOM_RIGHT = 2
+    MODE_ONLINE = 0      # online softmax, final out and lse
+    MODE_STATS = 1       # first pass of return_weights: only the row lse
+    MODE_WEIGHTS = 2     # second pass: weights = exp(s - lse), out = weights . V
+    MODE_PARTIAL = 3     # one key split of a decode problem: m, l, unnormalised out
+
+
+# a per-thread workspace beyond this (64 GiB: absurd head dims) is a MemoryError;
+# with memory overcommit such a malloc can "succeed" and fault later
+cdef int64_t WORKSPACE_MAX_BYTES = (<int64_t>1) << 36
+
+
+# ---------------------------------------------------------------- the plan
+
+cdef struct Operand:
+    char *base                 # data pointer (compute dtype, bool for masks)
+    int64_t bs[MAXDIM]         # strides of the broadcast batch dims, in elements (0 = broadcast)
+    int64_t sg                 # stride between query heads of one key/value head group (GQA)
+    int64_t sr                 # row stride
+    int64_t sc                 # column stride
+
+cdef struct Plan:
+    int nb                     # number of batch dims
+    int64_t bshape[MAXDIM]
+    int64_t nbatch             # product of bshape
+    int64_t g                  # query heads per key/value head (1 without GQA)
+    int64_t Lq, Lk, Dk, Dv
+    int64_t nrows              # g * Lq: the query rows of one batch element
+    double scale
+    double softcap             # 0: none
+    int causal
+    int64_t wl, wr             # window sides, -1: unbounded
+    int has_mask, has_bias, has_kvlen, has_alibi, want_lse, want_weights
+    Operand q, k, v, o, mask, bias, w, lse
+    int64_t *kvlen             # (nbatch * g) valid key counts
+    char *slopes               # (nbatch * g) ALiBi slopes, compute dtype
+
+
+cdef inline int64_t batch_offset(const Plan *P, const Operand *op, int64_t b) noexcept nogil:
+    """Element offset of batch element b (row-major over bshape) in operand op."""
+    cdef int64_t off = 0, idx
+    cdef int d
+    for d in range(P.nb - 1, -1, -1):
+        idx = b % P.bshape[d]
+        b = b // P.bshape[d]
+        off += idx * op.bs[d]
+    return off
+
+
+cdef int fill_operand(Operand *op, cnp.ndarray a, int trailing, const Plan *P, int64_t hq) except -1:
+    """Describe array `a` whose last `trailing` dims are (rows[, cols]) and whose
+    leading dims broadcast to the plan's batch shape, the last batch dim being the
+    query-head axis of size hq = g * bshape[-1] when GQA folds heads into rows."""
+    cdef int nd = a.ndim
+    cdef int nbd = nd - trailing
+    cdef int64_t item = cnp.PyArray_ITEMSIZE(a)
+    cdef int d, pd
+    cdef int64_t size, stride
+    op.base = <char *>cnp.PyArray_DATA(a)
+    op.sg = 0
+    for d in range(P.nb):
+        op.bs[d] = 0
+    for d in range(nbd):
+        pd = P.nb - nbd + d
+        size = a.shape[d]
+        stride = a.strides[d]
+        if stride % item:
+            raise ValueError("array strides must be multiples of the item size")
+        stride //= item
+        if size == 1:
+            continue
+        if pd == P.nb - 1 and P.g > 1 and size == hq:
+            op.bs[pd] = stride * P.g
+            op.sg = stride
+        else:
+            op.bs[pd] = stride
+    op.sr = a.strides[nd - trailing] // item if trailing >= 1 else 0
+    op.sc = a.strides[nd - 1] // item if trailing >= 2 else 0
+    if trailing >= 1 and a.shape[nd - trailing] == 1:
+        op.sr = 0
+    if trailing >= 2 and a.shape[nd - 1] == 1:
+        op.sc = 0
+    return 0
+
+cdef inline int64_t round_up(int64_t x, int64_t m) noexcept nogil:
+    if m & (m - 1) == 0:        # a power of two (every call but a few): no division
+        return (x + m - 1) & -m
+    return (x + m - 1) // m * m
+
+cdef inline int64_t row_diag(const Plan *P, int64_t pos, int64_t kl) noexcept nogil:
+    """Diagonal position p(i) of query position pos against kl keys: pos itself,
+    or shifted so the last query meets the last key (bottom-right causal)."""
+    return pos + kl - P.Lq if P.causal == CAUSAL_BOTTOM_RIGHT else pos
+
+
+cdef inline void key_range(const Plan *P, int64_t p, int64_t kb, int64_t ke,
+                           int64_t *lo, int64_t *hi) noexcept nogil:
+    """Keys [lo, hi) of [kb, ke) that a row at diagonal position p sees (causal,
+    window); hi = lo when it sees none."""
+    lo[0] = kb
+    hi[0] = ke
+    if P.causal != CAUSAL_NONE and p + 1 < hi[0]:
+        hi[0] = p + 1
+    if P.wr >= 0 and p + P.wr + 1 < hi[0]:
+        hi[0] = p + P.wr + 1
+    if P.wl >= 0 and p - P.wl > lo[0]:
+        lo[0] = p - P.wl
+    if hi[0] < lo[0]:
+        hi[0] = lo[0]
+
+cdef int plan_init(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray out, int64_t g,
+                   double scale, int causal, int64_t wl, int64_t wr, double softcap) except -1:
+    """Shapes, scalar options and the q, k, v, out operands of a plan whose P.nb and
+    P.bshape the caller has set; every optional operand starts switched off."""
+    cdef int d
+    cdef int64_t hq = g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
+    P.nbatch = 1
+    for d in range(P.nb):
+        P.nbatch *= P.bshape[d]
+    P.g = g
+    P.Lq = q.shape[q.ndim - 2]
+    P.Lk = k.shape[k.ndim - 2]
+    P.Dk = q.shape[q.ndim - 1]
+    P.Dv = v.shape[v.ndim - 1]
+    P.nrows = g * P.Lq
+    P.scale = scale
+    P.softcap = softcap
+    P.causal = causal
+    P.wl = wl
+    P.wr = wr
+    P.has_mask = P.has_bias = P.has_kvlen = P.has_alibi = P.want_lse = P.want_weights = 0
+    P.kvlen = NULL
+    P.slopes = NULL
+    fill_operand(&P.q, q, 2, P, hq)
+    fill_operand(&P.k, k, 2, P, hq)
+    fill_operand(&P.v, v, 2, P, hq)
+    fill_operand(&P.o, out, 2, P, hq)
+    return 0
+
+cdef inline int plan_options(Plan *P, mask, bias, kvlen, slopes, weights, lse) except -1:
+    """The optional operands of a plan after plan_init (None: unused): mask / bias /
+    weights with trailing dims (Lq, Lk), lse (Lq,), kvlen (int64) and slopes
+    contiguous (nbatch * g) tables."""
+    cdef int64_t hq = P.g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
+    P.has_mask = mask is not None
+    if P.has_mask:
+        fill_operand(&P.mask, mask, 2, P, hq)
+    P.has_bias = bias is not None
+    if P.has_bias:
+        fill_operand(&P.bias, bias, 2, P, hq)
+    P.want_weights = weights is not None
+    if P.want_weights:
+        fill_operand(&P.w, weights, 2, P, hq)
+    P.want_lse = lse is not None
+    if P.want_lse:
+        fill_operand(&P.lse, lse, 1, P, hq)
+    P.has_kvlen = kvlen is not None
+    if P.has_kvlen:
+        P.kvlen = <int64_t *>cnp.PyArray_DATA(kvlen)
+    P.has_alibi = slopes is not None
+    if P.has_alibi:
+        P.slopes = <char *>cnp.PyArray_DATA(slopes)
+    return 0

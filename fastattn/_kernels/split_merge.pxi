@@ -1,0 +1,61 @@
+# Split-KV: the partial results of a unit's key splits combined in split order
+# (deterministic, independent of the thread count).
+
+cdef void merge_splits(const Plan *P, int64_t b, int64_t r0, int64_t nr, int64_t nsplit,
+                       const floating *po, const floating *pm, const double *pl, int64_t stride_split) noexcept nogil:
+    """Combine the key splits of rows r0.. of batch b, in split order (deterministic).
+
+    Each split's weight exp(m_split - M) / L is computed once per row; the output
+    row is then a sum of whole split rows (a vector loop: with many rows, e.g.
+    a query-vectorised unit split in two, the merge must not cost Dv exps per row)."""
+    cdef int64_t i, sp, c, grp, pos, Dv = P.Dv, osc = P.o.sc
+    cdef floating M, mi, wf
+    cdef double L
+    cdef double wgt[SPLIT_TARGET]       # exp(m_split - M) of each split (nsplit <= SPLIT_TARGET)
+    cdef floating *orow
+    cdef const floating *src
+    cdef int first
+    for i in range(nr):
+        M = -INFINITY
+        for sp in range(nsplit):
+            mi = pm[sp * stride_split + i]
+            if mi != mi or mi > M:
+                M = mi
+        grp = (r0 + i) // P.Lq
+        pos = r0 + i - grp * P.Lq
+        orow = (<floating *>P.o.base) + batch_offset(P, &P.o, b) + grp * P.o.sg + pos * P.o.sr
+        L = 0
+        for sp in range(nsplit):
+            mi = pm[sp * stride_split + i]
+            # a split that saw no key (max -inf) takes no part
+            wgt[sp] = exp(mi - M) if mi != -INFINITY else 0
+            if mi != -INFINITY:
+                L += pl[sp * stride_split + i] * wgt[sp]
+        if M == -INFINITY or not (L > 0 or L != L):
+            for c in range(Dv):
+                orow[c * osc] = 0
+            if P.want_lse:
+                (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = -INFINITY
+            continue
+        first = 1
+        for sp in range(nsplit):
+            if pm[sp * stride_split + i] == -INFINITY:
+                continue
+            src = po + (sp * stride_split + i) * Dv
+            wf = <floating>(wgt[sp] / L)
+            if first:
+                if osc == 1:
+                    for c in range(Dv):
+                        orow[c] = src[c] * wf
+                else:
+                    for c in range(Dv):
+                        orow[c * osc] = src[c] * wf
+                first = 0
+            elif osc == 1:
+                for c in range(Dv):
+                    orow[c] += src[c] * wf
+            else:
+                for c in range(Dv):
+                    orow[c * osc] += src[c] * wf
+        if P.want_lse:
+            (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = <floating>(M + log(L))
