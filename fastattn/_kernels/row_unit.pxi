@@ -65,239 +65,279 @@ cdef inline void pv_qk_chunks(const floating *p, int64_t nr, const floating *v, 
             qk_rows(qp, Dk, nr, Dk, kn + c * ksr, ksr, x1 - c, sn + c, BLOCK_K)
         c = c1
 
-cdef void run_row_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
-                   int64_t kb, int64_t ke, int mode, floating *stats,
-                   floating *part_o, floating *part_m, double *part_l) noexcept nogil:
-    """Rows r0..r0+nr-1 of batch element b against keys [kb, ke).
+cdef struct RowUnit:
+    # a row-major unit: rows r0..r0+nr-1 of batch element b against keys [kb, ke)
+    int64_t b, r0, nr, kb, ke
+    int mode                   # MODE_ONLINE / MODE_STATS / MODE_WEIGHTS / MODE_PARTIAL
+    int64_t dvp                # Dv rounded up to a vector: the accumulator's row stride
+    int64_t lo_all, hi_all     # the keys any of the rows sees
+    int64_t kbo, vbo, mbo, bbo, wbo    # batch offsets of k, v, mask, bias, weights
+    int few                    # at most FEW_MAX_ROWS rows: the few-rows kernels
+    int k_in_place, v_in_place # keys / values read where they are stored (no packing)
+    int fuse                   # each tile's P.V pass also computes the next tile's scores
+    int need_pv                # a pass that accumulates P.V (all but MODE_STATS)
+    int needs_options          # softcap, bias, ALiBi or a mask
+    char *s                    # this tile's scores, BLOCK_K apart
+    char *s2                   # the next tile's scores when fusing (swapped with s per tile)
 
-    stats: per-row lse of the whole problem (MODE_STATS writes it, MODE_WEIGHTS reads it).
-    part_*: where MODE_PARTIAL leaves this split's running max, sum and unnormalised output."""
+
+cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *stats) noexcept nogil:
+    """Decide the unit's kernels, find each row's visible keys, pack the queries
+    and zero the accumulators (and, for MODE_WEIGHTS, fill the weight rows)."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
-    cdef int64_t NR = FA_QK_NV * W
-    cdef int64_t dvp = round_up(P.Dv if P.Dv > 0 else 1, W)
-    cdef int64_t Dk = P.Dk, Dv = P.Dv
-    cdef floating *qp = <floating *>ws.qp
-    cdef floating *kt = <floating *>ws.kt
-    cdef floating *vp = <floating *>ws.vp
+    cdef int64_t nr = U.nr, Rp = round_up(nr, FA_PV_MR), i, j
     cdef floating *s = <floating *>ws.s
-    cdef floating *o = <floating *>ws.o
     cdef floating *m = <floating *>ws.m
-    cdef double *l = ws.l
-    cdef int64_t lo_all, hi_all, t0, t1, n, i, i0, j, a, e, c, rr, grp, pos
-    cdef int64_t qb = batch_offset(P, &P.q, b)
-    cdef int64_t kbo = batch_offset(P, &P.k, b)
-    cdef int64_t vbo = batch_offset(P, &P.v, b)
-    cdef int64_t mbo = batch_offset(P, &P.mask, b) if P.has_mask else 0
-    cdef int64_t bbo = batch_offset(P, &P.bias, b) if P.has_bias else 0
-    cdef int64_t wbo = batch_offset(P, &P.w, b) if mode == MODE_WEIGHTS else 0
-    cdef int64_t roff
-    cdef floating mt, mn, alpha, lse_i, inv, fill
-    cdef double sm
+    cdef floating *o = <floating *>ws.o
     cdef floating *wrow
-    cdef floating *orow
-    cdef floating *srow
-    cdef int need_pv = mode != MODE_STATS
-    cdef int v_nonfinite
+    cdef floating fill
+    U.dvp = round_up(P.Dv if P.Dv > 0 else 1, W)
+    U.kbo = batch_offset(P, &P.k, U.b)
+    U.vbo = batch_offset(P, &P.v, U.b)
+    U.mbo = batch_offset(P, &P.mask, U.b) if P.has_mask else 0
+    U.bbo = batch_offset(P, &P.bias, U.b) if P.has_bias else 0
+    U.wbo = batch_offset(P, &P.w, U.b) if U.mode == MODE_WEIGHTS else 0
+    U.need_pv = U.mode != MODE_STATS
+    U.needs_options = P.softcap > 0 or P.has_bias or P.has_alibi or P.has_mask
     # few rows: dot products straight from the key rows and values read in place
     # (no packing), when the rows are contiguous and the values fill whole vectors.
     # Up to FEW_MAX_ROWS rows (14-16 are query-vectorised); paired against the packed
     # tiles and register-blocked kernels (AVX-512, 8 heads, 4096 keys, D 128):
     # 4 rows 1.41x, 8 rows 1.33x, 12 rows 1.14-1.20x, 13-14 rows 1.10x, 15 rows 1.0x
-    cdef int few = nr <= FEW_MAX_ROWS
-    cdef int k_in_place = few and P.k.sc == 1
-    cdef int v_in_place = few and P.v.sc == 1 and Dv % W == 0 and Dv > 0
-    cdef const floating *vsrc = NULL
-    cdef int64_t ldv = 0
-    cdef int needs_options = P.softcap > 0 or P.has_bias or P.has_alibi or P.has_mask
-    cdef int64_t Rq = round_up(nr, FA_QK_MR), Rp = round_up(nr, FA_PV_MR)
+    U.few = nr <= FEW_MAX_ROWS
+    U.k_in_place = U.few and P.k.sc == 1
+    U.v_in_place = U.few and P.v.sc == 1 and P.Dv % W == 0 and P.Dv > 0
     # few rows with keys and values read in place (decode, draft tokens, GQA
     # groups): each tile's P.V pass also computes the next tile's scores, so keys
     # and values stream side by side (one row: fa_pv_qk_row1, key by key; more
     # rows: alternating chunks of FUSE_CHUNK keys, see pv_qk_chunks).  Bit-
     # identical to the separate passes.  The next scores go to rows past the
     # unit's own in the score buffer (FEW_MAX_ROWS of them are reserved).
-    cdef int fuse = few and k_in_place and v_in_place and need_pv
-    cdef floating *s2 = s + rows_alloc(nr) * BLOCK_K
-    cdef floating *stmp
-    cdef const floating *kbase = (<floating *>P.k.base) + kbo
-    cdef int64_t nn
+    U.fuse = U.few and U.k_in_place and U.v_in_place and U.need_pv
+    U.s = <char *>s
+    U.s2 = <char *>(s + rows_alloc(nr) * BLOCK_K)
 
-    setup_rows(P, ws, b, r0, nr, kb, ke, &lo_all, &hi_all)
+    setup_rows(P, ws, U.b, U.r0, nr, U.kb, U.ke, &U.lo_all, &U.hi_all)
     # Zero padding only where a kernel reads it (a decode step's units have one
     # row each: the fixed cost of a unit is most of such a call).  Query rows:
     # fa_qk_rows (keys in place) reads blocks of up to 8 rows, each padded to a
     # power of two, and a single row alone; fa_qk_block whole blocks of FA_QK_MR.
-    pack_q(P, ws, (<floating *>P.q.base) + qb, nr,
-           (1 if nr == 1 else round_up(nr, 8)) if k_in_place else rows_alloc(nr))
+    pack_q(P, ws, (<floating *>P.q.base) + batch_offset(P, &P.q, U.b), nr,
+           (1 if nr == 1 else round_up(nr, 8)) if U.k_in_place else rows_alloc(nr))
     # The packed P.V kernel (fa_pv_block) runs whole blocks of FA_PV_MR rows, so it
     # also reads the probability rows nr..Rp-1, which the QK kernel may never
     # write: zeros, not whatever the workspace held (subnormal garbage made every
     # FMA of those rows a microcode assist: the same call 2-3x slower in some
     # processes).  The few-rows kernel (fa_pv_rows) reads exactly nr rows.
-    if few:
+    if U.few:
         Rp = nr
     for i in range(nr * BLOCK_K, Rp * BLOCK_K):
         s[i] = 0
     for i in range(Rp):
         m[i] = -INFINITY
-        l[i] = 0
-    for i in range(Rp * dvp):
+        ws.l[i] = 0
+    for i in range(Rp * U.dvp):
         o[i] = 0
-    if mode == MODE_WEIGHTS:
+    if U.mode == MODE_WEIGHTS:
         # every weight of the row is written: zeros first (NaN for a row whose lse
         # is NaN: the whole row is NaN, invisible keys too), visible keys below
         for i in range(nr):
-            wrow = (<floating *>P.w.base) + wbo + ws.goff[i] * P.w.sg + (r0 + i - ws.goff[i] * P.Lq) * P.w.sr
+            wrow = (<floating *>P.w.base) + U.wbo + ws.goff[i] * P.w.sg + (U.r0 + i - ws.goff[i] * P.Lq) * P.w.sr
             fill = stats[i] if stats[i] != stats[i] else 0
             for j in range(P.Lk):
                 wrow[j * P.w.sc] = fill
+    if U.fuse and U.lo_all < U.hi_all:
+        qk_rows(<floating *>ws.qp, P.Dk, nr, P.Dk, (<floating *>P.k.base) + U.kbo + U.lo_all * P.k.sr, P.k.sr,
+                min(BLOCK_K, U.hi_all - U.lo_all), s, BLOCK_K)
 
-    if fuse and lo_all < hi_all:
-        qk_rows(qp, Dk, nr, Dk, kbase + lo_all * P.k.sr, P.k.sr, min(BLOCK_K, hi_all - lo_all), s, BLOCK_K)
-    t0 = lo_all
-    while t0 < hi_all:
-        t1 = t0 + BLOCK_K
-        if t1 > hi_all:
-            t1 = hi_all
-        n = t1 - t0
-        if not k_in_place:
-            pack_k_tile(P, kt, (<floating *>P.k.base) + kbo, t0, n)
-        if not need_pv:
-            v_nonfinite = 0
-        elif v_in_place:
-            # read in place; inf/NaN values are caught after the P.V update below
-            # (one pass over the values instead of two)
-            vsrc = (<floating *>P.v.base) + vbo + t0 * P.v.sr
-            ldv = P.v.sr
-            v_nonfinite = 0
-        else:
-            v_nonfinite = pack_v_tile(P, vp, dvp, (<floating *>P.v.base) + vbo, t0, n)
-            vsrc = vp
-            ldv = dvp
 
-        # S = Qp . Ktᵀ, each register block of rows only over the panels its rows
-        # can see (this is what clips the causal diagonal tile)
-        i0 = nr if k_in_place else 0
-        if k_in_place and not fuse:
-            qk_rows(qp, Dk, nr, Dk, kbase + t0 * P.k.sr, P.k.sr, n, s, BLOCK_K)
-        while i0 < nr:
-            rows_key_span(ws, i0, min(i0 + FA_QK_MR, nr), t0, n, &a, &e)
-            if a < e:
-                qk_block(qp + i0 * Dk, Dk, kt, Dk, s + i0 * BLOCK_K, BLOCK_K, a // NR, e)
-            i0 += FA_QK_MR
+cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t t0, int64_t n,
+                         const floating **vsrc, int64_t *ldv) noexcept nogil:
+    """Load tile [t0, t0 + n): pack its keys and values unless read in place, and
+    compute its scores (already computed when fusing).  Sets the value rows the
+    P.V pass reads (vsrc, ldv apart); returns 1 when a packed value tile holds an
+    inf or NaN."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t NR = FA_QK_NV * W
+    cdef int64_t Dk = P.Dk, nr = U.nr, i0, a, e
+    cdef floating *qp = <floating *>ws.qp
+    cdef floating *kt = <floating *>ws.kt
+    cdef floating *s = <floating *>U.s
+    cdef const floating *kbase = (<floating *>P.k.base) + U.kbo
+    cdef int v_nonfinite = 0
+    if not U.k_in_place:
+        pack_k_tile(P, kt, kbase, t0, n)
+    if not U.need_pv:
+        v_nonfinite = 0
+    elif U.v_in_place:
+        # read in place; inf/NaN values are caught after the P.V update
+        # (one pass over the values instead of two)
+        vsrc[0] = (<floating *>P.v.base) + U.vbo + t0 * P.v.sr
+        ldv[0] = P.v.sr
+    else:
+        v_nonfinite = pack_v_tile(P, <floating *>ws.vp, U.dvp, (<floating *>P.v.base) + U.vbo, t0, n)
+        vsrc[0] = <floating *>ws.vp
+        ldv[0] = U.dvp
 
-        # per row: options, then the online softmax update (or final weights)
-        for i in range(nr):
-            srow = s + i * BLOCK_K
-            a = ws.lo[i] - t0
-            e = ws.hi[i] - t0
-            if a < 0:
-                a = 0
-            if e > n:
-                e = n
-            if a >= e:
+    # S = Qp . Ktᵀ, each register block of rows only over the panels its rows
+    # can see (this is what clips the causal diagonal tile)
+    i0 = nr if U.k_in_place else 0
+    if U.k_in_place and not U.fuse:
+        qk_rows(qp, Dk, nr, Dk, kbase + t0 * P.k.sr, P.k.sr, n, s, BLOCK_K)
+    while i0 < nr:
+        rows_key_span(ws, i0, min(i0 + FA_QK_MR, nr), t0, n, &a, &e)
+        if a < e:
+            qk_block(qp + i0 * Dk, Dk, kt, Dk, s + i0 * BLOCK_K, BLOCK_K, a // NR, e)
+        i0 += FA_QK_MR
+    return v_nonfinite
+
+
+cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, floating *stats,
+                           int64_t t0, int64_t n) noexcept nogil:
+    """Per row of tile [t0, t0 + n): the score options, then the online softmax
+    update (running max and sum, accumulator rescale) or, for MODE_WEIGHTS, the
+    final weights.  Scores of keys a row does not see become 0."""
+    cdef floating *s = <floating *>U.s
+    cdef floating *m = <floating *>ws.m
+    cdef floating *o = <floating *>ws.o
+    cdef double *l = ws.l
+    cdef int64_t i, j, a, e, grp, pos
+    cdef floating mt, mn, alpha, lse_i
+    cdef double sm
+    cdef floating *srow
+    cdef floating *wrow
+    for i in range(U.nr):
+        srow = s + i * BLOCK_K
+        a = ws.lo[i] - t0
+        e = ws.hi[i] - t0
+        if a < 0:
+            a = 0
+        if e > n:
+            e = n
+        if a >= e:
+            for j in range(n):
+                srow[j] = 0
+            continue
+        if U.needs_options:
+            grp = ws.goff[i]
+            pos = U.r0 + i - grp * P.Lq
+            apply_score_options(P, srow, i, t0, a, e, U.b,
+                                U.mbo + grp * P.mask.sg + pos * P.mask.sr,
+                                U.bbo + grp * P.bias.sg + pos * P.bias.sr, ws)
+        if U.mode == MODE_WEIGHTS:
+            lse_i = stats[i]
+            if lse_i == -INFINITY:
                 for j in range(n):
                     srow[j] = 0
                 continue
-            if needs_options:
-                grp = ws.goff[i]
-                pos = r0 + i - grp * P.Lq
-                apply_score_options(P, srow, i, t0, a, e, b,
-                                    mbo + grp * P.mask.sg + pos * P.mask.sr,
-                                    bbo + grp * P.bias.sg + pos * P.bias.sr, ws)
-            if mode == MODE_WEIGHTS:
-                lse_i = stats[i]
-                if lse_i == -INFINITY:
-                    for j in range(n):
-                        srow[j] = 0
-                    continue
-                row_exp_sum(srow + a, srow + a, e - a, lse_i)
-                wrow = (<floating *>P.w.base) + wbo + ws.goff[i] * P.w.sg + (r0 + i - ws.goff[i] * P.Lq) * P.w.sr
-                for j in range(a, e):
-                    wrow[(t0 + j) * P.w.sc] = srow[j]
+            row_exp_sum(srow + a, srow + a, e - a, lse_i)
+            wrow = (<floating *>P.w.base) + U.wbo + ws.goff[i] * P.w.sg + (U.r0 + i - ws.goff[i] * P.Lq) * P.w.sr
+            for j in range(a, e):
+                wrow[(t0 + j) * P.w.sc] = srow[j]
+        else:
+            mt = row_max(srow + a, e - a)
+            if mt != mt or mt > m[i]:
+                mn = mt
             else:
-                mt = row_max(srow + a, e - a)
-                if mt != mt or mt > m[i]:
-                    mn = mt
-                else:
-                    mn = m[i]
-                if mn == -INFINITY:
-                    for j in range(n):
-                        srow[j] = 0
-                    continue
-                # probabilities (and the rescale) as fa_vexp_p: 0 below ~2^-62.5 of the max
-                if floating is float:
-                    alpha = fa_exp_p_f(m[i] - mn)
-                    sm = fa_row_exp_sum_p_f(srow + a, srow + a, e - a, mn)
-                else:
-                    alpha = fa_exp_p_d(m[i] - mn)
-                    sm = fa_row_exp_sum_p_d(srow + a, srow + a, e - a, mn)
-                l[i] = l[i] * alpha + sm
-                m[i] = mn
-                if need_pv and alpha != 1:
-                    row_scale(o + i * dvp, o + i * dvp, Dv, alpha)
-            for j in range(a):
-                srow[j] = 0
-            for j in range(e, n):
-                srow[j] = 0
+                mn = m[i]
+            if mn == -INFINITY:
+                for j in range(n):
+                    srow[j] = 0
+                continue
+            # probabilities (and the rescale) as fa_vexp_p: 0 below ~2^-62.5 of the max
+            if floating is float:
+                alpha = fa_exp_p_f(m[i] - mn)
+                sm = fa_row_exp_sum_p_f(srow + a, srow + a, e - a, mn)
+            else:
+                alpha = fa_exp_p_d(m[i] - mn)
+                sm = fa_row_exp_sum_p_d(srow + a, srow + a, e - a, mn)
+            l[i] = l[i] * alpha + sm
+            m[i] = mn
+            if U.need_pv and alpha != 1:
+                row_scale(o + i * U.dvp, o + i * U.dvp, P.Dv, alpha)
+        for j in range(a):
+            srow[j] = 0
+        for j in range(e, n):
+            srow[j] = 0
 
-        # O += P . V, each register block of rows over the keys its rows see
-        if v_nonfinite:
-            pv_rows_exact(P, ws, s, vsrc, ldv, o, dvp, r0, nr, t0, n, mbo)
-        elif need_pv and few:
-            rows_key_span(ws, 0, nr, t0, n, &a, &e)
+
+cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, const floating *vsrc, int64_t ldv,
+                      int v_nonfinite, int64_t t0, int64_t t1) noexcept nogil:
+    """O += P . V for tile [t0, t1), each register block of rows over the keys its
+    rows see; when fusing, also the next tile's scores (then the two score
+    buffers swap)."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t n = t1 - t0, nr = U.nr, dvp = U.dvp, Dk = P.Dk, i, i0, a, e, nn
+    cdef floating *s = <floating *>U.s
+    cdef floating *s2 = <floating *>U.s2
+    cdef floating *o = <floating *>ws.o
+    cdef floating *vp = <floating *>ws.vp
+    cdef floating *qp = <floating *>ws.qp
+    cdef const floating *kbase = (<floating *>P.k.base) + U.kbo
+    if v_nonfinite:
+        pv_rows_exact(P, ws, s, vsrc, ldv, o, dvp, U.r0, nr, t0, n, U.mbo)
+    elif U.need_pv and U.few:
+        rows_key_span(ws, 0, nr, t0, n, &a, &e)
+        if a < e:
+            # values read in place were not checked: keep the accumulators,
+            # and if the update made any of them inf/NaN, redo the tile
+            # exactly (see pv_rows_exact).  The packed value buffer is free
+            # when values are read in place.
+            # (before the first tile's update the accumulators are all 0:
+            # nothing to keep)
+            if U.v_in_place and t0 != U.lo_all:
+                for i in range(nr * dvp):
+                    vp[i] = o[i]
+            if U.fuse:
+                nn = min(BLOCK_K, U.hi_all - t1) if t1 < U.hi_all else 0
+                if nr == 1:
+                    pv_qk_row1(s, vsrc, ldv, a, e, o, dvp // W, qp, Dk, kbase + t1 * P.k.sr, P.k.sr, nn, s2)
+                else:
+                    pv_qk_chunks(s, nr, vsrc, ldv, a, e, o, dvp, qp, Dk, kbase + t1 * P.k.sr, P.k.sr, nn, s2)
+            else:
+                pv_rows(s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
+            if U.v_in_place and block_nonfinite(o, nr, P.Dv, dvp, 1):
+                for i in range(nr * dvp):
+                    o[i] = vp[i] if t0 != U.lo_all else 0
+                pv_rows_exact(P, ws, s, vsrc, ldv, o, dvp, U.r0, nr, t0, n, U.mbo)
+        elif U.fuse and t1 < U.hi_all:
+            qk_rows(qp, Dk, nr, Dk, kbase + t1 * P.k.sr, P.k.sr, min(BLOCK_K, U.hi_all - t1), s2, BLOCK_K)
+        if U.fuse:
+            U.s = <char *>s2
+            U.s2 = <char *>s
+    elif U.need_pv:
+        i0 = 0
+        while i0 < nr:
+            rows_key_span(ws, i0, min(i0 + FA_PV_MR, nr), t0, n, &a, &e)
             if a < e:
-                # values read in place were not checked: keep the accumulators,
-                # and if the update made any of them inf/NaN, redo the tile
-                # exactly (see pv_rows_exact).  The packed value buffer is free
-                # when values are read in place.
-                # (before the first tile's update the accumulators are all 0:
-                # nothing to keep)
-                if v_in_place and t0 != lo_all:
-                    for i in range(nr * dvp):
-                        vp[i] = o[i]
-                if fuse:
-                    nn = min(BLOCK_K, hi_all - t1) if t1 < hi_all else 0
-                    if nr == 1:
-                        pv_qk_row1(s, vsrc, ldv, a, e, o, dvp // W, qp, Dk, kbase + t1 * P.k.sr, P.k.sr, nn, s2)
-                    else:
-                        pv_qk_chunks(s, nr, vsrc, ldv, a, e, o, dvp, qp, Dk, kbase + t1 * P.k.sr, P.k.sr, nn, s2)
-                else:
-                    pv_rows(s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
-                if v_in_place and block_nonfinite(o, nr, Dv, dvp, 1):
-                    for i in range(nr * dvp):
-                        o[i] = vp[i] if t0 != lo_all else 0
-                    pv_rows_exact(P, ws, s, vsrc, ldv, o, dvp, r0, nr, t0, n, mbo)
-            elif fuse and t1 < hi_all:
-                qk_rows(qp, Dk, nr, Dk, kbase + t1 * P.k.sr, P.k.sr, min(BLOCK_K, hi_all - t1), s2, BLOCK_K)
-            if fuse:
-                stmp = s
-                s = s2
-                s2 = stmp
-        elif need_pv:
-            i0 = 0
-            while i0 < nr:
-                rows_key_span(ws, i0, min(i0 + FA_PV_MR, nr), t0, n, &a, &e)
-                if a < e:
-                    pv_block(s + i0 * BLOCK_K, BLOCK_K, vsrc, ldv, a, e, o + i0 * dvp, dvp, dvp // W)
-                i0 += FA_PV_MR
-        t0 = t1
+                pv_block(s + i0 * BLOCK_K, BLOCK_K, vsrc, ldv, a, e, o + i0 * dvp, dvp, dvp // W)
+            i0 += FA_PV_MR
 
-    # finish the rows
-    for i in range(nr):
+
+cdef void row_unit_finish(const Plan *P, const Workspace *ws, const RowUnit *U, floating *stats,
+                          floating *part_o, floating *part_m, double *part_l) noexcept nogil:
+    """The rows' results: lse only (MODE_STATS), this split's running max, sum and
+    unnormalised output (MODE_PARTIAL), or the output rows (and lse)."""
+    cdef const floating *o = <const floating *>ws.o
+    cdef const floating *m = <const floating *>ws.m
+    cdef const double *l = ws.l
+    cdef int64_t i, c, grp, pos, Dv = P.Dv, dvp = U.dvp
+    cdef floating lse_i, inv
+    cdef floating *orow
+    for i in range(U.nr):
         grp = ws.goff[i]
-        pos = r0 + i - grp * P.Lq
-        if mode == MODE_STATS:
+        pos = U.r0 + i - grp * P.Lq
+        if U.mode == MODE_STATS:
             stats[i] = <floating>(m[i] + log(l[i])) if l[i] > 0 or l[i] != l[i] else -INFINITY
             continue
-        if mode == MODE_PARTIAL:
+        if U.mode == MODE_PARTIAL:
             part_m[i] = m[i]
             part_l[i] = l[i]
             for c in range(Dv):
                 part_o[i * Dv + c] = o[i * dvp + c]
             continue
-        orow = (<floating *>P.o.base) + batch_offset(P, &P.o, b) + grp * P.o.sg + pos * P.o.sr
-        if mode == MODE_WEIGHTS:
+        orow = (<floating *>P.o.base) + batch_offset(P, &P.o, U.b) + grp * P.o.sg + pos * P.o.sr
+        if U.mode == MODE_WEIGHTS:
             for c in range(Dv):
                 orow[c * P.o.sc] = o[i * dvp + c]
             lse_i = stats[i]
@@ -314,4 +354,32 @@ cdef void run_row_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int6
                 orow[c * P.o.sc] = 0
             lse_i = -INFINITY
         if P.want_lse:
-            (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
+            (<floating *>P.lse.base)[batch_offset(P, &P.lse, U.b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
+
+
+cdef void run_row_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
+                       int64_t kb, int64_t ke, int mode, floating *stats,
+                       floating *part_o, floating *part_m, double *part_l) noexcept nogil:
+    """Rows r0..r0+nr-1 of batch element b against keys [kb, ke), tile by tile.
+
+    stats: per-row lse of the whole problem (MODE_STATS writes it, MODE_WEIGHTS reads it).
+    part_*: where MODE_PARTIAL leaves this split's running max, sum and unnormalised output."""
+    cdef RowUnit U
+    cdef int64_t t0, t1, ldv = 0
+    cdef const floating *vsrc = NULL
+    cdef int v_nonfinite
+    U.b = b
+    U.r0 = r0
+    U.nr = nr
+    U.kb = kb
+    U.ke = ke
+    U.mode = mode
+    row_unit_begin(P, ws, &U, stats)
+    t0 = U.lo_all
+    while t0 < U.hi_all:
+        t1 = min(t0 + BLOCK_K, U.hi_all)
+        v_nonfinite = row_tile_scores(P, ws, &U, t0, t1 - t0, &vsrc, &ldv)
+        row_tile_softmax(P, ws, &U, stats, t0, t1 - t0)
+        row_tile_pv(P, ws, &U, vsrc, ldv, v_nonfinite, t0, t1)
+        t0 = t1
+    row_unit_finish(P, ws, &U, stats, part_o, part_m, part_l)
