@@ -55,94 +55,82 @@ cdef int qvec_key_runs(int64_t j0, int64_t j1, const int64_t *a, const int64_t *
                 v += 1
     return n
 
-cdef void run_qvec_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
-                     int64_t kb, int64_t ke, int mode, floating *stats, floating *part_o,
-                     floating *part_m, double *part_l) noexcept nogil:
-    """Query-vectorised unit: rows r0..r0+nr-1 (nr <= BLOCK_Q_QVEC) of batch b, keys kb..ke-1.
+cdef struct QvecUnit:
+    # a query-vectorised unit: rows r0..r0+nr-1 of batch element b against keys [kb, ke)
+    int64_t b, r0, nr, kb, ke
+    int mode                   # MODE_ONLINE / MODE_STATS / MODE_WEIGHTS / MODE_PARTIAL
+    int64_t lanes              # nr rounded up to whole chunks
+    int64_t nch                # chunks of FA_QVEC_NV, 2 or 1 vectors of lanes
+    int64_t lo_all, hi_all     # the keys any of the rows sees
+    int64_t mbo, bbo           # batch offsets of mask and bias
+    int needs_options          # softcap, bias, ALiBi or a mask
+    int need_pv                # a pass that accumulates P.V (all but MODE_STATS)
+    # per chunk: min lo / max hi over lanes that see keys (the chunk's key range),
+    # max lo / min hi over all lanes (does any lane need masking?)
+    int64_t ch_lo[64]
+    int64_t ch_hi[64]
+    int64_t ch_lomax[64]
+    int64_t ch_himin[64]
+    int64_t ch_c0[64]          # first lane of each chunk
+    int ch_nv[64]              # its width in vectors
+    # per vector of lanes: min lo / max hi over its lanes that see keys; in a
+    # masked tile, keys that no lane of a vector sees are left out of the QK
+    # and P.V kernels for that vector (the causal diagonal: a quarter to three
+    # quarters of a 4-vector chunk's keys, per vector)
+    int64_t vec_lo[64]
+    int64_t vec_hi[64]
 
-    Lanes run over queries: Qt (Dk x lanes) is packed once, keys and values are
-    read in place as broadcast scalars, and each query's online softmax (max,
-    sum, rescale) is a vertical vector operation.  The rows are cut into chunks
-    of FA_QVEC_NV, 2 or 1 vectors of lanes (the widest that the remaining rows
-    fill), so a unit of 16 float32 rows is one vector wide, not a quarter of a
-    4-vector chunk.
 
-    mode: MODE_ONLINE (out and lse); MODE_PARTIAL (a key split: each row's
-    reference max, sum and unnormalised output go to part_o / part_m / part_l
-    for merge_splits); return_weights in two passes, MODE_STATS (only each row's
-    lse, into stats: no P.V) and MODE_WEIGHTS (weights = exp(s - lse) written
-    to the weights rows, out = weights . V)."""
+cdef struct KeyRuns:
+    # the keys of one chunk's tile cut into runs seen by groups of its vectors
+    int n                      # number of runs; 0: one block over every key
+    int64_t va[FA_QVEC_NV]     # per vector: the tile keys [va, ve) it sees
+    int64_t ve[FA_QVEC_NV]
+    int64_t s[QVEC_RUNS_MAX]   # run keys [s, e) ...
+    int64_t e[QVEC_RUNS_MAX]
+    int v[QVEC_RUNS_MAX]       # ... seen by vectors v .. v + w - 1
+    int w[QVEC_RUNS_MAX]
+
+
+cdef void qvec_unit_begin(const Plan *P, Workspace *ws, QvecUnit *U, floating *stats) noexcept nogil:
+    """Cut the rows into chunks, find each row's visible keys, pack the queries
+    transposed, zero the accumulators, and gather each chunk's and vector's key
+    range."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef int64_t ld = qvec_ld(sizeof(floating))
-    cdef int64_t nch = 0, lanes = 0, nvec = (nr + W - 1) // W
-    cdef int64_t Dk = P.Dk, Dv = P.Dv, i, d, c, ch, j, j0, j1, jj0, jj1, t0, t1, n, c0, cw
-    cdef int nv
-    cdef int64_t lo_all, hi_all, grp, pos
+    cdef int64_t nr = U.nr, nvec = (nr + W - 1) // W, Dk = P.Dk, i, d, c, ch
+    cdef int nv, v
     cdef floating *qt = <floating *>ws.qt
-    cdef floating *st = <floating *>ws.st
     cdef floating *ot = <floating *>ws.ot
     cdef floating *m = <floating *>ws.mt
     cdef floating *l = <floating *>ws.lt
     cdef floating *lof = <floating *>ws.lof
     cdef floating *hif = <floating *>ws.hif
-    cdef floating *mxt = <floating *>ws.mxt
-    cdef floating *mx
-    cdef int masked
-    cdef const floating *qbase = (<const floating *>P.q.base) + batch_offset(P, &P.q, b)
-    cdef const floating *kbase = (<const floating *>P.k.base) + batch_offset(P, &P.k, b)
-    cdef const floating *vbase = (<const floating *>P.v.base) + batch_offset(P, &P.v, b)
-    cdef floating *obase = (<floating *>P.o.base) + batch_offset(P, &P.o, b)
-    cdef int64_t mbo = batch_offset(P, &P.mask, b) if P.has_mask else 0
-    cdef int64_t bbo = batch_offset(P, &P.bias, b) if P.has_bias else 0
-    cdef int needs_options = P.softcap > 0 or P.has_bias or P.has_alibi or P.has_mask
-    cdef const uint8_t *mrow = NULL
+    cdef const floating *qbase = (<const floating *>P.q.base) + batch_offset(P, &P.q, U.b)
     cdef floating scale = <floating>P.scale
-    cdef floating inv, p, lse_i
-    cdef const floating *src
-    cdef floating *orow
-    cdef int vnf
-    # per chunk: min lo / max hi over lanes that see keys (the chunk's key range),
-    # max lo / min hi over all lanes (does any lane need masking?)
-    cdef int64_t ch_lo[64]
-    cdef int64_t ch_hi[64]
-    cdef int64_t ch_lomax[64]
-    cdef int64_t ch_himin[64]
-    cdef int64_t ch_c0[64]      # first lane of each chunk
-    cdef int ch_nv[64]          # its width in vectors
-    # per vector of lanes: min lo / max hi over its lanes that see keys; in a
-    # masked tile, keys that no lane of a vector sees are left out of the QK
-    # and P.V kernels for that vector (the causal diagonal: a quarter to three
-    # quarters of a 4-vector chunk's keys, per vector)
-    cdef int64_t vec_lo[64]
-    cdef int64_t vec_hi[64]
-    cdef int64_t va[FA_QVEC_NV]
-    cdef int64_t ve[FA_QVEC_NV]
-    cdef int64_t run_s[QVEC_RUNS_MAX]
-    cdef int64_t run_e[QVEC_RUNS_MAX]
-    cdef int run_v[QVEC_RUNS_MAX]
-    cdef int run_w[QVEC_RUNS_MAX]
-    cdef int nruns, ri, rv0, rw0, nw, v
-    cdef int need_pv = mode != MODE_STATS
-    cdef floating *wbase = (<floating *>P.w.base) + batch_offset(P, &P.w, b) if mode == MODE_WEIGHTS else NULL
-    cdef floating *wrow
-    cdef floating fill
-    cdef int64_t ni
-
+    U.mbo = batch_offset(P, &P.mask, U.b) if P.has_mask else 0
+    U.bbo = batch_offset(P, &P.bias, U.b) if P.has_bias else 0
+    U.needs_options = P.softcap > 0 or P.has_bias or P.has_alibi or P.has_mask
+    U.need_pv = U.mode != MODE_STATS
     # chunks: as many of FA_QVEC_NV vectors as the rows fill, then 2, then 1 (qvec_chunk_width)
+    U.nch = 0
+    U.lanes = 0
     while nvec > 0:
         nv = qvec_chunk_width(nvec)
-        ch_c0[nch] = lanes
-        ch_nv[nch] = nv
-        lanes += nv * W
+        U.ch_c0[U.nch] = U.lanes
+        U.ch_nv[U.nch] = nv
+        U.lanes += nv * W
         nvec -= nv
-        nch += 1
-    setup_rows(P, ws, b, r0, nr, kb, ke, &lo_all, &hi_all)
+        U.nch += 1
+    setup_rows(P, ws, U.b, U.r0, nr, U.kb, U.ke, &U.lo_all, &U.hi_all)
     # Start the first key/value tile and the query rows on their way from
     # memory before the (latency-bound) transposed query pack; later key rows
     # are requested a register block ahead by the QK kernel, value rows ahead
     # of the inf/NaN probe (block_nonfinite).
-    if lo_all < hi_all:
-        prefetch_tile(P, kbase, vbase, lo_all, min(lo_all + BLOCK_K, hi_all))
+    if U.lo_all < U.hi_all:
+        prefetch_tile(P, (<const floating *>P.k.base) + batch_offset(P, &P.k, U.b),
+                      (<const floating *>P.v.base) + batch_offset(P, &P.v, U.b),
+                      U.lo_all, min(U.lo_all + BLOCK_K, U.hi_all))
     if P.q.sc == 1:
         for i in range(nr):
             prefetch_rows(qbase + ws.qoff[i], 1, 0, Dk)
@@ -160,176 +148,250 @@ cdef void run_qvec_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int
     for i in range(nr):
         lof[i] = <floating>ws.lo[i]
         hif[i] = <floating>ws.hi[i]
-    for i in range(nr, lanes):
+    for i in range(nr, U.lanes):
         for d in range(Dk):
             qt[d * ld + i] = 0
         lof[i] = 0
         hif[i] = 0
-    for i in range(lanes):
+    for i in range(U.lanes):
         m[i] = -INFINITY
         l[i] = 0
-    for c in range(Dv):
-        for i in range(lanes):
+    for c in range(P.Dv):
+        for i in range(U.lanes):
             ot[c * ld + i] = 0
-    for ch in range(nch):
-        ch_lo[ch] = P.Lk
-        ch_hi[ch] = 0
-        ch_lomax[ch] = 0
-        ch_himin[ch] = P.Lk
-        for i in range(ch_c0[ch], ch_c0[ch] + ch_nv[ch] * W):
+    for ch in range(U.nch):
+        U.ch_lo[ch] = P.Lk
+        U.ch_hi[ch] = 0
+        U.ch_lomax[ch] = 0
+        U.ch_himin[ch] = P.Lk
+        for i in range(U.ch_c0[ch], U.ch_c0[ch] + U.ch_nv[ch] * W):
             if i < nr and ws.hi[i] > ws.lo[i]:
-                ch_lo[ch] = min(ch_lo[ch], ws.lo[i])
-                ch_hi[ch] = max(ch_hi[ch], ws.hi[i])
-                ch_lomax[ch] = max(ch_lomax[ch], ws.lo[i])
-                ch_himin[ch] = min(ch_himin[ch], ws.hi[i])
+                U.ch_lo[ch] = min(U.ch_lo[ch], ws.lo[i])
+                U.ch_hi[ch] = max(U.ch_hi[ch], ws.hi[i])
+                U.ch_lomax[ch] = max(U.ch_lomax[ch], ws.lo[i])
+                U.ch_himin[ch] = min(U.ch_himin[ch], ws.hi[i])
             else:
-                ch_himin[ch] = -1     # an empty or padding lane: always mask
-    for v in range(lanes // W):
-        vec_lo[v] = P.Lk
-        vec_hi[v] = 0
+                U.ch_himin[ch] = -1     # an empty or padding lane: always mask
+    for v in range(U.lanes // W):
+        U.vec_lo[v] = P.Lk
+        U.vec_hi[v] = 0
         for i in range(v * W, min(v * W + W, nr)):
             if ws.hi[i] > ws.lo[i]:
-                vec_lo[v] = min(vec_lo[v], ws.lo[i])
-                vec_hi[v] = max(vec_hi[v], ws.hi[i])
+                U.vec_lo[v] = min(U.vec_lo[v], ws.lo[i])
+                U.vec_hi[v] = max(U.vec_hi[v], ws.hi[i])
+    if U.mode == MODE_WEIGHTS:
+        qvec_weights_begin(P, ws, U, stats)
 
-    if mode == MODE_WEIGHTS:
-        # m holds each lane's lse (padding lanes 0); the tiles below write each
-        # row's weights for the keys its chunk visits (0 where masked), the rest
-        # of the row is filled here: 0, or NaN for a NaN row (all of it NaN)
-        # (a chunk's key range [ch_lo, ch_hi) lies inside [lo_all, hi_all))
-        for i in range(lanes):
-            m[i] = stats[i] if i < nr else 0
-        for i in range(FA_QVEC_NV * W):
-            mxt[i] = 1        # the row scales of the transposed weight writes
-        for ch in range(nch):
-            for i in range(ch_c0[ch], min(ch_c0[ch] + ch_nv[ch] * W, nr)):
+
+cdef void qvec_weights_begin(const Plan *P, Workspace *ws, const QvecUnit *U, floating *stats) noexcept nogil:
+    """MODE_WEIGHTS: m holds each lane's lse (padding lanes 0); the tiles write each
+    row's weights for the keys its chunk visits (0 where masked), the rest of the
+    row is filled here: 0, or NaN for a NaN row (all of it NaN).  (A chunk's key
+    range [ch_lo, ch_hi) lies inside [lo_all, hi_all).)"""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef floating *m = <floating *>ws.mt
+    cdef floating *mxt = <floating *>ws.mxt
+    cdef floating *wbase = (<floating *>P.w.base) + batch_offset(P, &P.w, U.b)
+    cdef floating *wrow
+    cdef floating fill
+    cdef int64_t i, j, ch, grp
+    for i in range(U.lanes):
+        m[i] = stats[i] if i < U.nr else 0
+    for i in range(FA_QVEC_NV * W):
+        mxt[i] = 1        # the row scales of the transposed weight writes
+    for ch in range(U.nch):
+        for i in range(U.ch_c0[ch], min(U.ch_c0[ch] + U.ch_nv[ch] * W, U.nr)):
+            grp = ws.goff[i]
+            wrow = wbase + grp * P.w.sg + (U.r0 + i - grp * P.Lq) * P.w.sr
+            fill = m[i] if m[i] != m[i] else 0
+            if U.ch_lo[ch] >= U.ch_hi[ch]:
+                for j in range(P.Lk):
+                    wrow[j * P.w.sc] = fill
+                continue
+            for j in range(U.ch_lo[ch]):
+                wrow[j * P.w.sc] = fill
+            for j in range(U.ch_hi[ch], P.Lk):
+                wrow[j * P.w.sc] = fill
+
+
+cdef void qvec_chunk_scores(const Plan *P, Workspace *ws, const QvecUnit *U, KeyRuns *R, int64_t ch,
+                            int64_t t0, int64_t j0, int64_t j1, int masked, floating *mx) noexcept nogil:
+    """St[j0:j1] of chunk ch for the tile at t0: one block, or (a masked tile of a
+    chunk wider than a vector) only the key runs each group of vectors sees, the
+    rest -inf.  mx (or NULL): the tile max per lane, taken from the registers."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t ld = qvec_ld(sizeof(floating))
+    cdef int64_t c0 = U.ch_c0[ch], i, j
+    cdef int nv = U.ch_nv[ch], ri, rv0, rw0, nw, v
+    cdef floating *qt = <floating *>ws.qt
+    cdef floating *st = <floating *>ws.st
+    cdef const floating *kt0 = (<const floating *>P.k.base) + batch_offset(P, &P.k, U.b) + t0 * P.k.sr
+    R.n = 0
+    if masked and nv > 1:
+        for v in range(nv):
+            R.va[v] = max(U.vec_lo[c0 // W + v] - t0, j0)
+            R.ve[v] = min(U.vec_hi[c0 // W + v] - t0, j1)
+        R.n = qvec_key_runs(j0, j1, R.va, R.ve, nv, R.s, R.e, R.v, R.w)
+        if R.n == 1 and R.w[0] == nv:
+            R.n = 0         # every vector sees every key: one block
+    if R.n == 0:
+        qvec_qk_chunk(kt0, P.k.sr, P.k.sc, qt + c0, ld, P.Dk, st + c0, ld, j0, j1, mx, nv, ch == 0)
+        return
+    for ri in range(R.n):
+        rv0 = R.v[ri]
+        rw0 = R.w[ri]
+        while rw0 > 0:
+            nw = qvec_chunk_width(rw0)
+            qvec_qk_chunk(kt0, P.k.sr, P.k.sc, qt + c0 + rv0 * W, ld, P.Dk,
+                          st + c0 + rv0 * W, ld, R.s[ri], R.e[ri], <floating *>NULL, nw, ch == 0)
+            rv0 += nw
+            rw0 -= nw
+    # the scores a vector does not see: -inf (the mask pass would set them;
+    # this keeps unset memory out of the options)
+    for v in range(nv):
+        for j in range(j0, j1):
+            if j < R.va[v] or j >= R.ve[v]:
+                for i in range(c0 + v * W, c0 + v * W + W):
+                    st[j * ld + i] = -INFINITY
+
+
+cdef void qvec_chunk_weights(const Plan *P, Workspace *ws, const QvecUnit *U, int64_t ch,
+                             int64_t t0, int64_t j0, int64_t j1, floating dummy) noexcept nogil:
+    """MODE_WEIGHTS: the chunk's tile scores become weights exp(s - lse), written
+    to the weight rows."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t ld = qvec_ld(sizeof(floating))
+    cdef int64_t c0 = U.ch_c0[ch], ni = min(U.ch_nv[ch] * W, U.nr - c0), i, j, grp
+    cdef floating *st = <floating *>ws.st
+    cdef floating *wbase = (<floating *>P.w.base) + batch_offset(P, &P.w, U.b)
+    cdef floating *wrow
+    qvec_weights_chunk(st + c0, ld, j0, j1, (<floating *>ws.mt) + c0, U.ch_nv[ch])
+    if P.w.sc == 1 and ws.goff[c0] == ws.goff[c0 + ni - 1]:
+        # rows of one group are equally spaced: register transposes
+        # (mxt holds ones: the scale of each row)
+        grp = ws.goff[c0]
+        qvec_store_rows(st + j0 * ld + c0, ld, ni, j1 - j0, <floating *>ws.mxt,
+                        wbase + grp * P.w.sg + (U.r0 + c0 - grp * P.Lq) * P.w.sr + t0 + j0, P.w.sr)
+    else:
+        for i in range(c0, c0 + ni):
+            grp = ws.goff[i]
+            wrow = wbase + grp * P.w.sg + (U.r0 + i - grp * P.Lq) * P.w.sr
+            for j in range(j0, j1):
+                wrow[(t0 + j) * P.w.sc] = st[j * ld + i]
+
+
+cdef void qvec_chunk_pv(const Plan *P, Workspace *ws, const QvecUnit *U, const KeyRuns *R, int64_t ch,
+                        int64_t t0, int64_t j0, int64_t j1, int vnf, floating dummy) noexcept nogil:
+    """Ot += Pt . V for chunk ch over tile keys [j0, j1): its key runs (P is 0 where
+    a vector sees no key), one block, or -- values holding inf/NaN -- each lane
+    over exactly its visible keys."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t ld = qvec_ld(sizeof(floating))
+    cdef int64_t c0 = U.ch_c0[ch], cw = U.ch_nv[ch] * W, Dv = P.Dv, i, j, jj0, jj1, c, grp
+    cdef int ri, rv0, rw0, nw
+    cdef floating *st = <floating *>ws.st
+    cdef floating *ot = <floating *>ws.ot
+    cdef const floating *vt0 = (<const floating *>P.v.base) + batch_offset(P, &P.v, U.b) + t0 * P.v.sr
+    cdef const floating *src
+    cdef const uint8_t *mrow = NULL
+    cdef floating p
+    if not vnf and R.n > 0:
+        for ri in range(R.n):
+            rv0 = R.v[ri]
+            rw0 = R.w[ri]
+            while rw0 > 0:
+                nw = qvec_chunk_width(rw0)
+                qvec_pv_chunk(vt0, P.v.sr, P.v.sc, Dv, st + c0 + rv0 * W, ld,
+                              R.s[ri], R.e[ri], ot + c0 + rv0 * W, ld, nw)
+                rv0 += nw
+                rw0 -= nw
+    elif not vnf:
+        qvec_pv_chunk(vt0, P.v.sr, P.v.sc, Dv, st + c0, ld, j0, j1, ot + c0, ld, U.ch_nv[ch])
+    else:
+        for i in range(c0, min(c0 + cw, U.nr)):
+            jj0 = max(ws.lo[i] - t0, j0)
+            jj1 = min(ws.hi[i] - t0, j1)
+            if P.has_mask:
                 grp = ws.goff[i]
-                wrow = wbase + grp * P.w.sg + (r0 + i - grp * P.Lq) * P.w.sr
-                fill = m[i] if m[i] != m[i] else 0
-                if ch_lo[ch] >= ch_hi[ch]:
-                    for j in range(P.Lk):
-                        wrow[j * P.w.sc] = fill
+                mrow = ((<const uint8_t *>P.mask.base) + U.mbo + grp * P.mask.sg
+                        + (U.r0 + i - grp * P.Lq) * P.mask.sr)
+            for j in range(jj0, jj1):
+                if P.has_mask and not mrow[(t0 + j) * P.mask.sc]:
                     continue
-                for j in range(ch_lo[ch]):
-                    wrow[j * P.w.sc] = fill
-                for j in range(ch_hi[ch], P.Lk):
-                    wrow[j * P.w.sc] = fill
+                p = st[j * ld + i]
+                src = vt0 + j * P.v.sr
+                for c in range(Dv):
+                    ot[c * ld + i] += p * src[c * P.v.sc]
 
-    t0 = lo_all
-    while t0 < hi_all:
-        t1 = min(t0 + BLOCK_K, hi_all)
-        n = t1 - t0
-        vnf = block_nonfinite(vbase + t0 * P.v.sr, n, Dv, P.v.sr, P.v.sc) if need_pv else 0
-        for ch in range(nch):
-            j0 = max(t0, ch_lo[ch]) - t0
-            j1 = min(t1, ch_hi[ch]) - t0
-            if j0 >= j1:
-                continue
-            c0 = ch_c0[ch]
-            nv = ch_nv[ch]
-            cw = nv * W
-            # scores left as computed (no options, no lane masked in this tile):
-            # the tile max comes out of the QK registers instead of a pass over St
-            masked = ch_lomax[ch] > t0 + j0 or ch_himin[ch] < t0 + j1
-            mx = NULL
-            if not needs_options and not masked and mode != MODE_WEIGHTS:
-                mx = mxt
-                for i in range(cw):
-                    mx[i] = -INFINITY
-            nruns = 0
-            if masked and nv > 1:
-                for v in range(nv):
-                    va[v] = max(vec_lo[c0 // W + v] - t0, j0)
-                    ve[v] = min(vec_hi[c0 // W + v] - t0, j1)
-                nruns = qvec_key_runs(j0, j1, va, ve, nv, run_s, run_e, run_v, run_w)
-                if nruns == 1 and run_w[0] == nv:
-                    nruns = 0         # every vector sees every key: one block
-            if nruns == 0:
-                qvec_qk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + c0, ld, Dk, st + c0, ld, j0, j1, mx, nv,
-                          ch == 0)
-            else:
-                for ri in range(nruns):
-                    rv0 = run_v[ri]
-                    rw0 = run_w[ri]
-                    while rw0 > 0:
-                        nw = qvec_chunk_width(rw0)
-                        qvec_qk_chunk(kbase + t0 * P.k.sr, P.k.sr, P.k.sc, qt + c0 + rv0 * W, ld, Dk,
-                                  st + c0 + rv0 * W, ld, run_s[ri], run_e[ri], <floating *>NULL, nw, ch == 0)
-                        rv0 += nw
-                        rw0 -= nw
-                # the scores a vector does not see: -inf (the mask pass below
-                # would set them; this keeps unset memory out of the options)
-                for v in range(nv):
-                    for j in range(j0, j1):
-                        if j < va[v] or j >= ve[v]:
-                            for i in range(c0 + v * W, c0 + v * W + W):
-                                st[j * ld + i] = -INFINITY
-            if needs_options:
-                apply_score_options_qvec(P, ws, st + c0, ld, j0, j1, t0, c0,
-                                      min(cw, nr - c0), cw, b, r0, mbo, bbo)
-            if masked:
-                qvec_range_mask_chunk(st + c0, ld, j0, j1, t0, lof + c0, hif + c0, nv)
-            if mode == MODE_WEIGHTS:
-                qvec_weights_chunk(st + c0, ld, j0, j1, m + c0, nv)
-                ni = min(cw, nr - c0)
-                if P.w.sc == 1 and ws.goff[c0] == ws.goff[c0 + ni - 1]:
-                    # rows of one group are equally spaced: register transposes
-                    # (mxt holds ones: the scale of each row)
-                    grp = ws.goff[c0]
-                    qvec_store_rows(st + j0 * ld + c0, ld, ni, j1 - j0, mxt,
-                              wbase + grp * P.w.sg + (r0 + c0 - grp * P.Lq) * P.w.sr + t0 + j0, P.w.sr)
-                else:
-                    for i in range(c0, c0 + ni):
-                        grp = ws.goff[i]
-                        wrow = wbase + grp * P.w.sg + (r0 + i - grp * P.Lq) * P.w.sr
-                        for j in range(j0, j1):
-                            wrow[(t0 + j) * P.w.sc] = st[j * ld + i]
-            else:
-                qvec_softmax_chunk(st + c0, ld, j0, j1, m + c0, l + c0, ot + c0, ld, Dv if need_pv else 0,
-                               mx, nv)
-            if not need_pv:
-                continue
-            if not vnf and nruns > 0:
-                # P is 0 where a vector sees no key: its runs only
-                for ri in range(nruns):
-                    rv0 = run_v[ri]
-                    rw0 = run_w[ri]
-                    while rw0 > 0:
-                        nw = qvec_chunk_width(rw0)
-                        qvec_pv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + c0 + rv0 * W, ld,
-                                  run_s[ri], run_e[ri], ot + c0 + rv0 * W, ld, nw)
-                        rv0 += nw
-                        rw0 -= nw
-            elif not vnf:
-                qvec_pv_chunk(vbase + t0 * P.v.sr, P.v.sr, P.v.sc, Dv, st + c0, ld, j0, j1, ot + c0, ld, nv)
-            else:
-                # values hold inf/NaN: only each lane's visible keys may touch it
-                for i in range(c0, min(c0 + cw, nr)):
-                    jj0 = max(ws.lo[i] - t0, j0)
-                    jj1 = min(ws.hi[i] - t0, j1)
-                    if P.has_mask:
-                        grp = ws.goff[i]
-                        mrow = ((<const uint8_t *>P.mask.base) + mbo + grp * P.mask.sg
-                                + (r0 + i - grp * P.Lq) * P.mask.sr)
-                    for j in range(jj0, jj1):
-                        if P.has_mask and not mrow[(t0 + j) * P.mask.sc]:
-                            continue
-                        p = st[j * ld + i]
-                        src = vbase + (t0 + j) * P.v.sr
-                        for c in range(Dv):
-                            ot[c * ld + i] += p * src[c * P.v.sc]
-        t0 = t1
 
-    if mode == MODE_STATS:
+cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_t t0, int64_t t1,
+                         floating dummy) noexcept nogil:
+    """Tile [t0, t1) for every chunk: scores, options, masks, then the online
+    softmax and P.V (or the weights)."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t ld = qvec_ld(sizeof(floating))
+    cdef int64_t ch, j0, j1, c0, cw, i
+    cdef int nv, masked, vnf
+    cdef floating *st = <floating *>ws.st
+    cdef floating *mx
+    cdef KeyRuns R
+    vnf = (block_nonfinite((<const floating *>P.v.base) + batch_offset(P, &P.v, U.b) + t0 * P.v.sr,
+                           t1 - t0, P.Dv, P.v.sr, P.v.sc) if U.need_pv else 0)
+    for ch in range(U.nch):
+        j0 = max(t0, U.ch_lo[ch]) - t0
+        j1 = min(t1, U.ch_hi[ch]) - t0
+        if j0 >= j1:
+            continue
+        c0 = U.ch_c0[ch]
+        nv = U.ch_nv[ch]
+        cw = nv * W
+        # scores left as computed (no options, no lane masked in this tile):
+        # the tile max comes out of the QK registers instead of a pass over St
+        masked = U.ch_lomax[ch] > t0 + j0 or U.ch_himin[ch] < t0 + j1
+        mx = NULL
+        if not U.needs_options and not masked and U.mode != MODE_WEIGHTS:
+            mx = <floating *>ws.mxt
+            for i in range(cw):
+                mx[i] = -INFINITY
+        qvec_chunk_scores(P, ws, U, &R, ch, t0, j0, j1, masked, mx)
+        if U.needs_options:
+            apply_score_options_qvec(P, ws, st + c0, ld, j0, j1, t0, c0,
+                                     min(cw, U.nr - c0), cw, U.b, U.r0, U.mbo, U.bbo)
+        if masked:
+            qvec_range_mask_chunk(st + c0, ld, j0, j1, t0, (<floating *>ws.lof) + c0,
+                                  (<floating *>ws.hif) + c0, nv)
+        if U.mode == MODE_WEIGHTS:
+            qvec_chunk_weights(P, ws, U, ch, t0, j0, j1, <floating>0)
+        else:
+            qvec_softmax_chunk(st + c0, ld, j0, j1, (<floating *>ws.mt) + c0, (<floating *>ws.lt) + c0,
+                               (<floating *>ws.ot) + c0, ld, P.Dv if U.need_pv else 0, mx, nv)
+        if U.need_pv:
+            qvec_chunk_pv(P, ws, U, &R, ch, t0, j0, j1, vnf, <floating>0)
+
+
+cdef void qvec_unit_finish(const Plan *P, Workspace *ws, const QvecUnit *U, floating *stats,
+                           floating *part_o, floating *part_m, double *part_l) noexcept nogil:
+    """The rows' results: lse only (MODE_STATS), this split's reference max, sum
+    and unnormalised output (MODE_PARTIAL), or the output rows Ot / l (and lse)."""
+    cdef int64_t ld = qvec_ld(sizeof(floating))
+    cdef int64_t nr = U.nr, Dv = P.Dv, i, c, grp, pos
+    cdef floating *ot = <floating *>ws.ot
+    cdef floating *m = <floating *>ws.mt
+    cdef floating *l = <floating *>ws.lt
+    cdef floating *lof = <floating *>ws.lof
+    cdef floating *obase = (<floating *>P.o.base) + batch_offset(P, &P.o, U.b)
+    cdef floating *orow
+    cdef floating inv, lse_i
+    if U.mode == MODE_STATS:
         for i in range(nr):
             stats[i] = <floating>(m[i] + log(l[i])) if l[i] > 0 or l[i] != l[i] else -INFINITY
         return
-    if mode == MODE_WEIGHTS:
+    if U.mode == MODE_WEIGHTS:
         # out = weights . V as accumulated (no division); lse = stats (m): l = 1,
         # or 0 for a row that saw nothing (out 0, lse -inf)
         for i in range(nr):
             l[i] = 0 if m[i] == -INFINITY else 1
-    if mode == MODE_PARTIAL:
+    if U.mode == MODE_PARTIAL:
         # a key split: the reference max (NaN for a row made NaN by NaN scores,
         # whose max skipped them), the sum and the unnormalised output, per row
         for i in range(nr):
@@ -347,16 +409,16 @@ cdef void run_qvec_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int
         for i in range(nr):
             lof[i] = 1 / l[i] if l[i] > 0 or l[i] != l[i] else 0
         grp = ws.goff[0]
-        qvec_store_rows(ot, ld, nr, Dv, lof, obase + grp * P.o.sg + (r0 - grp * P.Lq) * P.o.sr, P.o.sr)
+        qvec_store_rows(ot, ld, nr, Dv, lof, obase + grp * P.o.sg + (U.r0 - grp * P.Lq) * P.o.sr, P.o.sr)
         for i in range(nr):
             if not (l[i] > 0 or l[i] != l[i]):
-                orow = obase + grp * P.o.sg + (r0 + i - grp * P.Lq) * P.o.sr
+                orow = obase + grp * P.o.sg + (U.r0 + i - grp * P.Lq) * P.o.sr
                 for c in range(Dv):
                     orow[c] = 0
     else:
         for i in range(nr):
             grp = ws.goff[i]
-            pos = r0 + i - grp * P.Lq
+            pos = U.r0 + i - grp * P.Lq
             orow = obase + grp * P.o.sg + pos * P.o.sr
             if l[i] > 0 or l[i] != l[i]:
                 inv = 1 / l[i]
@@ -368,6 +430,40 @@ cdef void run_qvec_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int
     if P.want_lse:
         for i in range(nr):
             grp = ws.goff[i]
-            pos = r0 + i - grp * P.Lq
+            pos = U.r0 + i - grp * P.Lq
             lse_i = <floating>(m[i] + log(l[i])) if l[i] > 0 or l[i] != l[i] else -INFINITY
-            (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
+            (<floating *>P.lse.base)[batch_offset(P, &P.lse, U.b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
+
+
+cdef void run_qvec_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
+                        int64_t kb, int64_t ke, int mode, floating *stats, floating *part_o,
+                        floating *part_m, double *part_l) noexcept nogil:
+    """Query-vectorised unit: rows r0..r0+nr-1 (nr <= BLOCK_Q_QVEC) of batch b, keys kb..ke-1.
+
+    Lanes run over queries: Qt (Dk x lanes) is packed once, keys and values are
+    read in place as broadcast scalars, and each query's online softmax (max,
+    sum, rescale) is a vertical vector operation.  The rows are cut into chunks
+    of FA_QVEC_NV, 2 or 1 vectors of lanes (the widest that the remaining rows
+    fill), so a unit of 16 float32 rows is one vector wide, not a quarter of a
+    4-vector chunk.
+
+    mode: MODE_ONLINE (out and lse); MODE_PARTIAL (a key split: each row's
+    reference max, sum and unnormalised output go to part_o / part_m / part_l
+    for merge_splits); return_weights in two passes, MODE_STATS (only each row's
+    lse, into stats: no P.V) and MODE_WEIGHTS (weights = exp(s - lse) written
+    to the weights rows, out = weights . V)."""
+    cdef QvecUnit U
+    cdef int64_t t0, t1
+    U.b = b
+    U.r0 = r0
+    U.nr = nr
+    U.kb = kb
+    U.ke = ke
+    U.mode = mode
+    qvec_unit_begin(P, ws, &U, stats)
+    t0 = U.lo_all
+    while t0 < U.hi_all:
+        t1 = min(t0 + BLOCK_K, U.hi_all)
+        qvec_unit_tile(P, ws, &U, t0, t1, <floating>0)
+        t0 = t1
+    qvec_unit_finish(P, ws, &U, stats, part_o, part_m, part_l)
