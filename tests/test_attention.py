@@ -274,30 +274,33 @@ def test_out_non_contiguous_view(rng):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_out_plain_call_skips_python_checks(dtype, rng, monkeypatch):
-    """A plain call with out= (a decode loop's preallocated output) runs from the
-    compiled fast path, as the call without out= does: the general path's Python
-    argument handling is never reached -- for C-ordered, transposed and
-    negative-stride outputs, causal or not, with results bit-identical to the call
-    without out=.  Anything the fast path doubts goes to the general path, which
-    raises its errors (overlap with an input, wrong shape, dtype, read-only)."""
-    import fastattn._api as api
+def test_out_is_written_in_place(dtype, rng):
+    """out= (a decode loop's preallocated output) is written by the kernels
+    directly -- C-ordered, transposed and negative-stride outputs, causal or not --
+    with results bit-identical to the call without out=, and no output-sized
+    temporary (tracemalloc sees NumPy's allocations).  Overlap with an input, a
+    wrong shape, dtype or a read-only output raise."""
+    import tracemalloc
     q, k, v = _make(rng, ((2,), (2,), (2,), 5, 40, 16, 8), dtype)
     want = fastattn.attention(q, k, v)
     want_c = fastattn.attention(q, k, v, causal=True)
-
-    def general_path(*a, **kw):
-        raise AssertionError("the general path was taken")
-
-    with monkeypatch.context() as mp:
-        mp.setattr(api, "_as_array", general_path)
-        for out in (np.full((2, 5, 8), np.nan, dtype),
-                    np.zeros((2, 8, 5), dtype).transpose(0, 2, 1),
-                    np.zeros((2, 5, 16), dtype)[:, ::-1, ::2]):
-            assert fastattn.attention(q, k, v, out=out) is out
-            np.testing.assert_array_equal(out, want)
-            assert fastattn.attention(q, k, v, causal=True, out=out, num_threads=1) is out
-            np.testing.assert_array_equal(out, want_c)
+    for out in (np.full((2, 5, 8), np.nan, dtype),
+                np.zeros((2, 8, 5), dtype).transpose(0, 2, 1),
+                np.zeros((2, 5, 16), dtype)[:, ::-1, ::2]):
+        assert fastattn.attention(q, k, v, out=out) is out
+        np.testing.assert_array_equal(out, want)
+        assert fastattn.attention(q, k, v, causal=True, out=out, num_threads=1) is out
+        np.testing.assert_array_equal(out, want_c)
+    big_q, big_k, big_v = _make(rng, ((4,), (4,), (4,), 256, 64, 64, 64), dtype)
+    out = np.empty((4, 256, 64), dtype)
+    fastattn.attention(big_q, big_k, big_v, out=out, num_threads=1)
+    tracemalloc.start()
+    try:
+        fastattn.attention(big_q, big_k, big_v, out=out, num_threads=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < out.nbytes // 4, f"{peak} bytes allocated for a {out.nbytes}-byte out="
     buf = np.zeros(2 * 5 * 16 + 2 * 40 * 16, dtype)
     qo = buf[:2 * 5 * 16].reshape(2, 5, 16)
     qo[...] = q
@@ -322,13 +325,13 @@ def test_attention_is_one_documented_function(rng):
     """fastattn.attention is compiled (the ISA module's ``attention``) but behaves as
     the documented Python function: docstring, keyword-only signature, module name,
     pickling by reference, positional extras refused, unknown keywords refused, and
-    the general path reached for what the fast path declines."""
+    array-likes, float16 and int scales taken like numpy would."""
     import inspect
     import pickle
 
     import fastattn._api as api
     f = fastattn.attention
-    assert f is fastattn.scaled_dot_product_attention is api._K.attention
+    assert f is api._K.attention
     assert f.__doc__.startswith("Exact scaled dot-product attention") and "num_threads" in f.__doc__
     assert f.__module__ == "fastattn"
     assert pickle.loads(pickle.dumps(f)) is f
@@ -343,28 +346,43 @@ def test_attention_is_one_documented_function(rng):
         f(q, q, q, sclae=0.5)
     with pytest.raises(TypeError):
         f(q, q)
-    # declined by the fast path (a list, float16, int scale): the general path's answers
+    # a list, float16, an int scale: converted like numpy would
     got = f(q.tolist(), q, q, scale=1)
     assert got.dtype == np.float64                 # a list of floats promotes like numpy
-    np.testing.assert_array_equal(got, api._attention_general(q.tolist(), q, q, 1.0))
+    np.testing.assert_array_equal(got, f(q.astype(np.float64), q, q, scale=1.0))
     assert_close(got, fastattn.reference.attention(q, q, q, scale=1.0), np.float64)
     h = f(q.astype(np.float16), q.astype(np.float16), q.astype(np.float16), scale=1.0)
     assert h.dtype == np.float16
     assert_close(h, fastattn.reference.attention(q, q, q, scale=1.0), np.float16)
 
 
+def _respelled(opts):
+    """The same options in other spellings: arrays as nested lists, numpy scalars as
+    Python numbers and back, tuples as lists, True as numpy.True_."""
+    out = {}
+    for name, x in opts.items():
+        if isinstance(x, np.ndarray):
+            x = x.tolist()
+        elif isinstance(x, np.generic):
+            x = x.item()
+        elif isinstance(x, float):
+            x = np.float64(x)
+        elif isinstance(x, tuple):
+            x = list(x)
+        elif x is True and name == "causal":
+            x = np.True_
+        out[name] = x
+    return out
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
-    """The options a decode loop passes (causal in every spelling, window, softcap,
-    return_lse, return_weights, out=, kv_lengths, masks, biases, ALiBi slopes,
-    grouped heads) run from the compiled fast path without reaching the general
-    path's Python argument handling, with results, weights and lse bit-identical
-    to the general path's (called directly, api._attention_general),
-    and within tolerance of the float64 reference.  Spellings the fast path does
-    not take (numpy scalars, ints for floats, invalid values) still reach the
-    general path: the same results, the same errors.  (numpy float scalars are
-    the fast path's: 1 / np.sqrt(d) is a numpy.float64.)"""
-    import fastattn._api as api
+def test_option_spellings_give_the_same_bits(dtype, rng):
+    """Every option (causal in every spelling, window, softcap, return_lse,
+    return_weights, out=, kv_lengths, masks, biases, ALiBi slopes, grouped heads,
+    shared k and v) gives the same bits whichever way it is spelled -- ndarray or
+    nested list, numpy scalar or Python number, tuple or list -- with out= too, and
+    agrees with the float64 reference.  (One argument path: the spelling only
+    changes how an option is converted, never what is computed.)"""
     shapes = [((2, 6), (2, 6), 5, 40), ((2, 6), (2, 2), 5, 40), ((6,), (3,), 40, 9), ((1, 4), (1, 2), 1, 33),
               ((2, 6), (2, 1), 5, 40), ((3, 4), (1, 4), 3, 20), ((2, 4), (1, 1), 1, 33)]   # MQA; shared k, v
     options = [dict(causal=None), dict(causal=True), dict(causal="top_left"),
@@ -375,9 +393,6 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                dict(scale=np.float32(0.3)), dict(softcap=np.float64(4.0), scale=1 / np.sqrt(16)),
                dict(return_weights=True), dict(return_weights=True, return_lse=True, causal=True),
                dict(return_weights=True, window=(2, 1), softcap=3.0, causal="bottom_right")]
-
-    def general_path(*a, **kw):
-        raise AssertionError("the general path was taken")
 
     for qb, kb, Lq, Lk in shapes:
         q = randn(rng, qb + (Lq, 16), dtype)
@@ -409,12 +424,10 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
                       dict(alibi_slopes=rng.uniform(0, 1, qb), mask=m, kv_lengths=np.array(Lk - 2),
                            return_weights=True, return_lse=True)]
         for opts in options + kv_opts + score_opts + alibi_opts:
-            want = api._attention_general(q, k, v, **opts)
-            with monkeypatch.context() as mp:
-                mp.setattr(api, "_as_array", general_path)
-                got = fastattn.attention(q, k, v, **opts)
-                out = np.full(qb + (Lq, 8), np.nan, dtype)
-                got_out = fastattn.attention(q, k, v, out=out, num_threads=1, **opts)
+            want = fastattn.attention(q, k, v, **_respelled(opts))
+            got = fastattn.attention(q, k, v, **opts)
+            out = np.full(qb + (Lq, 8), np.nan, dtype)
+            got_out = fastattn.attention(q, k, v, out=out, num_threads=1, **opts)
             if opts.get("return_lse") or opts.get("return_weights"):
                 parts = 1 + bool(opts.get("return_lse")) + bool(opts.get("return_weights"))
                 assert type(got) is tuple and len(got) == len(got_out) == len(want) == parts
@@ -434,77 +447,68 @@ def test_fast_path_options_match_general_path(dtype, rng, monkeypatch):
             np.testing.assert_array_equal(got_out, want)
             ref_opts = {n: o for n, o in opts.items() if n not in ("return_lse", "return_weights")}
             assert_close(got, R.attention(q, k, v, **ref_opts), dtype)
-    # not the fast path's spellings: the general path, the same answers and errors
+    # conversions (unsigned, big-endian, float16, lists, ints for floats): the same
+    # answers; invalid values: errors naming the argument
     q = randn(rng, (2, 6, 5, 16), dtype)
     k = randn(rng, (2, 2, 40, 16), dtype)
     v = randn(rng, (2, 2, 40, 8), dtype)
-    calls = 0
-    as_array = api._as_array
-
-    def counting(*a):
-        nonlocal calls
-        calls += 1
-        return as_array(*a)
-
-    with monkeypatch.context() as mp:
-        mp.setattr(api, "_as_array", counting)
-        want = fastattn.attention(q, k, v, causal="bottom_right", softcap=2.0, window=3)
-        for kw in (dict(causal=np.True_), dict(softcap=2), dict(window=np.int64(3)), dict(scale=1)):
+    want = fastattn.attention(q, k, v, causal="bottom_right", softcap=2.0, window=3)
+    for kw, plain in ((dict(causal=np.True_), dict(causal=True)), (dict(softcap=2), dict(softcap=2.0)),
+                      (dict(window=np.int64(3)), dict(window=3)), (dict(scale=1), dict(scale=1.0))):
+        np.testing.assert_array_equal(fastattn.attention(q, k, v, **kw), fastattn.attention(q, k, v, **plain))
+    lengths = np.array([[3], [40]])
+    want_kl = fastattn.attention(q, k, v, kv_lengths=lengths)
+    for kl in (lengths.astype(np.uint16), lengths.tolist(), lengths.astype(">i8")):
+        np.testing.assert_array_equal(fastattn.attention(q, k, v, kv_lengths=kl), want_kl)
+    mask = rng.random((5, 40)) < 0.5
+    bias = randn(rng, (5, 40), dtype)
+    want_mb = fastattn.attention(q, k, v, mask=mask, bias=bias)
+    np.testing.assert_array_equal(fastattn.attention(q, k, v, mask=mask.tolist(), bias=bias), want_mb)
+    assert_close(fastattn.attention(q, k, v, mask=mask, bias=bias.astype(np.float16)), want_mb, np.float16)
+    np.testing.assert_array_equal(fastattn.attention(q, k, v, mask=mask[0], bias=bias),      # 1-D
+                                  fastattn.attention(q, k, v, mask=mask[:1], bias=bias))
+    slopes = np.array([0.5, 0.25, 0.125, 1.0, 2.0, 0.0])
+    want_al = fastattn.attention(q, k, v, alibi_slopes=slopes.astype(dtype))
+    for sl in (slopes.tolist(), slopes.astype(np.float16), slopes.astype(">f8")):
+        np.testing.assert_array_equal(fastattn.attention(q, k, v, alibi_slopes=sl), want_al)
+    np.testing.assert_array_equal(fastattn.attention(q, k, v, alibi_slopes=np.array([1, 0, 2, 1, 0, 3])),
+                                  fastattn.attention(q, k, v, alibi_slopes=np.array([1., 0, 2, 1, 0, 3])))
+    buf = np.zeros((2, 6, 5, 40), dtype)
+    with pytest.raises(ValueError, match="overlaps the input bias"):
+        fastattn.attention(q, k, v, bias=buf, out=buf[..., :8])
+    np.testing.assert_array_equal(
+        fastattn.attention(q, k, v, causal="bottom_right", softcap=np.float64(2.0), window=(3, 3)), want)
+    lse = fastattn.attention(q, k, v, return_lse=1)
+    assert isinstance(lse, tuple) and len(lse) == 2
+    w = fastattn.attention(q, k, v, return_weights=np.True_, causal=True)
+    assert isinstance(w, tuple) and len(w) == 2
+    np.testing.assert_array_equal(w[1], fastattn.attention(q, k, v, return_weights=True, causal=True)[1])
+    # one key/value head (multi-query) is grouped (6 query heads over 1), not
+    # broadcast: the same values as the heads repeated, to rounding
+    assert_close(fastattn.attention(q, k[:, :1], v[:, :1]),
+                 fastattn.attention(q, np.repeat(k[:, :1], 6, axis=1), np.repeat(v[:, :1], 6, axis=1)),
+                 dtype)
+    for kw, err, match in ((dict(window=(1, 2, 3)), TypeError, "window"),
+                           (dict(window=-1), ValueError, "window"),
+                           (dict(window=True), TypeError, "window"),
+                           (dict(softcap=-1.0), ValueError, "softcap"),
+                           (dict(softcap=float("inf")), ValueError, "softcap"),
+                           (dict(causal="top-left"), ValueError, "causal"),
+                           (dict(scale=float("nan")), ValueError, "scale"),
+                           (dict(kv_lengths=np.array([41])), ValueError, "kv_lengths"),
+                           (dict(kv_lengths=np.array([[-1], [3]], np.int32)), ValueError, "kv_lengths"),
+                           (dict(kv_lengths=np.array([1, 2, 3])), ValueError, "kv_lengths"),
+                           (dict(kv_lengths=np.array([2.0])), TypeError, "kv_lengths"),
+                           (dict(mask=np.ones((3, 40), bool)), ValueError, "mask"),
+                           (dict(mask=np.ones((5, 40), np.int8)), TypeError, "mask"),
+                           (dict(bias=np.zeros((2, 5, 40))), ValueError, "bias"),
+                           (dict(alibi_slopes=np.ones(3)), ValueError, "alibi_slopes"),
+                           (dict(alibi_slopes=np.ones((6, 1))), ValueError, "alibi_slopes"),
+                           (dict(alibi_slopes=np.ones(6, complex)), TypeError, "alibi_slopes")):
+        with pytest.raises(err, match=match):
             fastattn.attention(q, k, v, **kw)
-        lengths = np.array([[3], [40]])
-        want_kl = fastattn.attention(q, k, v, kv_lengths=lengths)
-        for kl in (lengths.astype(np.uint16), lengths.tolist(), lengths.astype(">i8")):
-            np.testing.assert_array_equal(fastattn.attention(q, k, v, kv_lengths=kl), want_kl)
-        mask = rng.random((5, 40)) < 0.5
-        bias = randn(rng, (5, 40), dtype)
-        want_mb = fastattn.attention(q, k, v, mask=mask, bias=bias)
-        np.testing.assert_array_equal(fastattn.attention(q, k, v, mask=mask.tolist(), bias=bias), want_mb)
-        assert_close(fastattn.attention(q, k, v, mask=mask, bias=bias.astype(np.float16)), want_mb, np.float16)
-        np.testing.assert_array_equal(fastattn.attention(q, k, v, mask=mask[0], bias=bias),      # 1-D
-                                      fastattn.attention(q, k, v, mask=mask[:1], bias=bias))
-        slopes = np.array([0.5, 0.25, 0.125, 1.0, 2.0, 0.0])
-        want_al = fastattn.attention(q, k, v, alibi_slopes=slopes.astype(dtype))
-        for sl in (slopes.tolist(), slopes.astype(np.float16), slopes.astype(">f8")):
-            np.testing.assert_array_equal(fastattn.attention(q, k, v, alibi_slopes=sl), want_al)
-        np.testing.assert_array_equal(fastattn.attention(q, k, v, alibi_slopes=np.array([1, 0, 2, 1, 0, 3])),
-                                      fastattn.attention(q, k, v, alibi_slopes=np.array([1., 0, 2, 1, 0, 3])))
-        buf = np.zeros((2, 6, 5, 40), dtype)
-        with pytest.raises(ValueError, match="overlaps the input bias"):
-            fastattn.attention(q, k, v, bias=buf, out=buf[..., :8])
-        np.testing.assert_array_equal(
-            fastattn.attention(q, k, v, causal="bottom_right", softcap=np.float64(2.0), window=(3, 3)), want)
-        lse = fastattn.attention(q, k, v, return_lse=1)
-        assert isinstance(lse, tuple) and len(lse) == 2
-        w = fastattn.attention(q, k, v, return_weights=np.True_, causal=True)
-        assert isinstance(w, tuple) and len(w) == 2
-        np.testing.assert_array_equal(w[1], fastattn.attention(q, k, v, return_weights=True, causal=True)[1])
-        # one key/value head (multi-query) is grouped (6 query heads over 1), not
-        # broadcast: the same values as the heads repeated, to rounding
-        assert_close(fastattn.attention(q, k[:, :1], v[:, :1]),
-                     fastattn.attention(q, np.repeat(k[:, :1], 6, axis=1), np.repeat(v[:, :1], 6, axis=1)),
-                     dtype)
-        for kw, err, match in ((dict(window=(1, 2, 3)), TypeError, "window"),
-                               (dict(window=-1), ValueError, "window"),
-                               (dict(window=True), TypeError, "window"),
-                               (dict(softcap=-1.0), ValueError, "softcap"),
-                               (dict(softcap=float("inf")), ValueError, "softcap"),
-                               (dict(causal="top-left"), ValueError, "causal"),
-                               (dict(scale=float("nan")), ValueError, "scale"),
-                               (dict(kv_lengths=np.array([41])), ValueError, "kv_lengths"),
-                               (dict(kv_lengths=np.array([[-1], [3]], np.int32)), ValueError, "kv_lengths"),
-                               (dict(kv_lengths=np.array([1, 2, 3])), ValueError, "kv_lengths"),
-                               (dict(kv_lengths=np.array([2.0])), TypeError, "kv_lengths"),
-                               (dict(mask=np.ones((3, 40), bool)), ValueError, "mask"),
-                               (dict(mask=np.ones((5, 40), np.int8)), TypeError, "mask"),
-                               (dict(bias=np.zeros((2, 5, 40))), ValueError, "bias"),
-                               (dict(alibi_slopes=np.ones(3)), ValueError, "alibi_slopes"),
-                               (dict(alibi_slopes=np.ones((6, 1))), ValueError, "alibi_slopes"),
-                               (dict(alibi_slopes=np.ones(6, complex)), TypeError, "alibi_slopes")):
-            with pytest.raises(err, match=match):
-                fastattn.attention(q, k, v, **kw)
-        with pytest.raises(ValueError, match="broadcast"):
-            fastattn.attention(q, k[:, :1].repeat(4, axis=1), v[:, :1].repeat(4, axis=1))
-    assert calls > 10
+    with pytest.raises(ValueError, match="broadcast"):
+        fastattn.attention(q, k[:, :1].repeat(4, axis=1), v[:, :1].repeat(4, axis=1))
 
 # ------------------------------------------------------------------ torch
 def _torch_sdpa(torch, q, k, v, **kw):

@@ -1,28 +1,27 @@
-# The argument path of attention(): from Python arguments to a filled plan.
+# The argument path: every option of attention() parsed and checked once, the
+# inputs turned into arrays the kernels read in place, the plan filled.  Each
+# step takes the usual spelling first (an aligned ndarray of the compute dtype,
+# a float, an int, a bool) and falls back to the general rule -- array-likes,
+# conversions, broadcasting -- in the same function, so a rule and its error
+# message exist once.  Used by attention() (attention_entry.pxi); the error
+# texts name the argument.
 
-def attention_forward(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray out, tuple bshape,
-                      Py_ssize_t g, double scale, int causal, Py_ssize_t wl, Py_ssize_t wr,
-                      double softcap, mask, bias, kvlen, slopes, weights, lse, num_threads):
-    """Run attention on prepared arrays (see fastattn._api.attention).
+import math
+import numbers
+import operator
 
-    q (..., Hq, Lq, Dk), k (..., Hk, Lk, Dk), v (..., Hk, Lk, Dv), out (..., Hq, Lq, Dv)
-    all of the compute dtype; bshape is the broadcast batch shape with the head axis
-    of the key/value heads (Hk = Hq / g).  mask (bool) / bias / weights have trailing
-    dims (Lq, Lk), lse (Lq,).  kvlen (int64) and slopes are contiguous (nbatch * g)
-    tables.  Optional arrays are None when unused.  num_threads as the caller gave
-    it (None or a valid count): asked of fastattn._threads only when the problem is
-    large enough for threads.  Nothing here validates: the Python layer has done it."""
-    cdef Plan P
-    cdef int d
-    P.nb = len(bshape)
-    if P.nb > MAXDIM:
-        raise ValueError("too many batch dimensions")
-    for d in range(P.nb):
-        P.bshape[d] = bshape[d]
-    plan_init(&P, q, k, v, out, g, scale, causal, wl, wr, softcap)
-    plan_options(&P, mask, bias, kvlen, slopes, weights, lse)
-    plan_run(&P, cnp.PyArray_TYPE(q), num_threads)
-    return out
+# set by fastattn._api: the thread count of a call (fastattn._threads) and the
+# check of an explicit num_threads
+_thread_resolver = None
+_check_num_threads = None
+
+
+def set_thread_resolver(resolver, checker):
+    """The functions calls use to pick their thread count and to check an
+    explicit num_threads (fastattn._threads)."""
+    global _thread_resolver, _check_num_threads
+    _thread_resolver = resolver
+    _check_num_threads = checker
 
 
 cdef inline bint behaved_array(cnp.ndarray a) noexcept:
@@ -36,39 +35,329 @@ cdef inline bint behaved_array(cnp.ndarray a) noexcept:
     return True
 
 
-def behaved(cnp.ndarray a):
-    """True when the kernels can read a as it is (its dtype aside): aligned, native
-    byte order, strides multiples of the item size."""
-    return behaved_array(a)
+cdef cnp.ndarray as_input(x, str name):
+    """x as an ndarray of a real numeric or boolean dtype: itself when it is an
+    ndarray, else np.asarray(x).  TypeError for complex and other dtypes."""
+    cdef cnp.ndarray a = <cnp.ndarray>x if type(x) is cnp.ndarray else np.asarray(x)
+    cdef int t = cnp.PyArray_TYPE(a)
+    if t == cnp.NPY_FLOAT or t == cnp.NPY_DOUBLE:
+        return a
+    kind = a.dtype.kind
+    if kind not in "fiub":
+        if kind == "c":
+            raise TypeError(f"{name}: complex arrays are not supported (dtype {a.dtype})")
+        raise TypeError(f"{name}: expected a real numeric array, got dtype {a.dtype}")
+    return a
 
 
-def int64_range(cnp.ndarray t):
-    """(min, max) of a contiguous non-empty 1-D int64 array."""
-    cdef const int64_t *p = <const int64_t *>cnp.PyArray_DATA(t)
-    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(t)
+cdef int compute_type(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, int *out_type) except -1:
+    """The compute type of q, k, v (NPY_FLOAT or NPY_DOUBLE) and, in out_type, the
+    output type: promoted like np.result_type; float16 computes in float32 and
+    returns float16; everything else that is not float32 computes in float64."""
+    cdef int t = cnp.PyArray_TYPE(q)
+    if t == cnp.PyArray_TYPE(k) and t == cnp.PyArray_TYPE(v) and (t == cnp.NPY_FLOAT or t == cnp.NPY_DOUBLE):
+        out_type[0] = t
+        return t
+    rt = np.result_type(q, k, v)
+    if rt == np.float32:
+        out_type[0] = cnp.NPY_FLOAT
+        return cnp.NPY_FLOAT
+    if rt == np.float16:
+        out_type[0] = cnp.NPY_FLOAT16
+        return cnp.NPY_FLOAT
+    out_type[0] = cnp.NPY_DOUBLE
+    return cnp.NPY_DOUBLE
+
+
+cdef cnp.ndarray to_compute(cnp.ndarray a, int typenum):
+    """a in the compute type, native byte order, aligned and with item-multiple
+    strides: a itself when it is (any other strides are fine), else a copy."""
+    if cnp.PyArray_TYPE(a) == typenum and behaved_array(a):
+        return a
+    return np.array(a, dtype=np.float32 if typenum == cnp.NPY_FLOAT else np.float64)
+
+
+cdef object dtype_of(int typenum):
+    return cnp.PyArray_DescrFromType(typenum)
+
+
+# ---------------------------------------------------------------- scalar options
+
+cdef double real_option(value, str name) except? -1:
+    """A real scalar: a Python or NumPy real number, or a 0-d real array (the
+    reference's rule too); bools, complex, strings and arrays of ndim >= 1 are
+    not.  Finite."""
+    cdef double v
+    if type(value) is float:
+        v = value
+    else:
+        if isinstance(value, cnp.ndarray) and (<cnp.ndarray>value).ndim == 0:
+            value = value[()]
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {value!r}")
+        v = float(value)
+    if not isfinite(v):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return v
+
+
+cdef int causal_code(causal) except -1:
+    """causal= as CAUSAL_NONE / CAUSAL_TOP_LEFT / CAUSAL_BOTTOM_RIGHT."""
+    if causal is False or causal is None:
+        return CAUSAL_NONE
+    if causal is True:
+        return CAUSAL_TOP_LEFT
+    if isinstance(causal, np.bool_):
+        return CAUSAL_TOP_LEFT if causal else CAUSAL_NONE
+    if isinstance(causal, str):
+        if causal == "top_left":
+            return CAUSAL_TOP_LEFT
+        if causal == "bottom_right":
+            return CAUSAL_BOTTOM_RIGHT
+        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    raise TypeError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+
+
+cdef int64_t window_side(w, str which) except -2:
+    """One side of window=: None (-1, unbounded) or an int >= 0 (not a bool)."""
+    if w is None:
+        return -1
+    if type(w) is int and 0 <= w <= 0x3fffffffffffffff:
+        return w
+    if isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Integral):
+        raise TypeError(f"window: {which} side must be an int or None, got {w!r}")
+    w = operator.index(w)
+    if w < 0:
+        raise ValueError(f"window: {which} side must be >= 0, got {w}")
+    return min(w, 0x3fffffffffffffff)
+
+
+cdef int parse_window(window, int64_t *wl, int64_t *wr) except -1:
+    """window= as its (left, right) sides, -1 for an unbounded side."""
+    if window is None:
+        wl[0] = wr[0] = -1
+    elif type(window) is tuple or type(window) is list:
+        if len(window) != 2:
+            raise TypeError(f"window must be an int or a (left, right) pair, got {window!r}")
+        wl[0] = window_side(window[0], "left")
+        wr[0] = window_side(window[1], "right")
+    else:
+        wl[0] = wr[0] = window_side(window, "both")
+    return 0
+
+
+cdef int parse_scalar_options(Plan *P, scale, causal, window, softcap) except -1:
+    """causal, window, scale and softcap into the plan (P.Dk set)."""
+    P.causal = causal_code(causal)
+    parse_window(window, &P.wl, &P.wr)
+    if scale is None:
+        P.scale = 1.0 / sqrt(<double>P.Dk) if P.Dk > 0 else 1.0
+    else:
+        P.scale = real_option(scale, "scale")
+    P.softcap = 0.0
+    if softcap is not None:
+        P.softcap = real_option(softcap, "softcap")
+        if P.softcap <= 0:
+            raise ValueError(f"softcap must be > 0, got {P.softcap}")
+    return 0
+
+
+cdef int check_num_threads(num_threads) except -1:
+    """An explicit num_threads must be a positive int (the count itself is asked
+    for by plan_run, only for problems large enough for threads)."""
+    if num_threads is not None and not (type(num_threads) is int and 1 <= num_threads <= 0x7fffffff):
+        _check_num_threads(num_threads)
+    return 0
+
+
+# ---------------------------------------------------------------- batch dims
+
+cdef int broadcast_into(cnp.npy_intp *out, int nout, const cnp.npy_intp *s, int ns) noexcept:
+    """Broadcast shape s (ns dims) into out (nout >= ns dims, right-aligned, 1 where
+    unset); 0, or -1 where they do not broadcast."""
+    cdef int d, o
+    for d in range(ns):
+        o = nout - ns + d
+        if s[d] != out[o]:
+            if out[o] == 1:
+                out[o] = s[d]
+            elif s[d] != 1:
+                return -1
+    return 0
+
+
+cdef str shape_text(cnp.ndarray a, int ndrop):
+    return str((<object>a).shape[:a.ndim - ndrop])
+
+
+cdef int batch_layout(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v,
+                      cnp.npy_intp *bq, int *nbq) except -1:
+    """The broadcast batch dims of q, k, v.  Grouped heads (torch enable_gqa): when
+    the head axis (-3) of q is g > 1 times that of k and v (which share a head
+    count; one key/value head included: multi-query), the g query heads of a
+    group are folded into the rows of one batch element, so each key and value
+    is read once for its group.  Sets P.nb / P.bshape (the key/value heads) and
+    P.g; bq / nbq: the batch dims over q's heads (the output's)."""
+    cdef int nq = q.ndim - 2, nk = k.ndim - 2, nv = v.ndim - 2, nb, d
+    cdef cnp.npy_intp kv[MAXDIM]
+    cdef int64_t g = 1
+    nb = max(nq, max(nk, nv))
+    if nb > MAXDIM:
+        raise ValueError("too many batch dimensions")
+    # k and v first (they share the head count that grouping needs)
+    for d in range(nb):
+        kv[d] = 1
+    if broadcast_into(kv, max(nk, nv), k.shape, nk) or broadcast_into(kv, max(nk, nv), v.shape, nv):
+        raise ValueError(f"batch dimensions do not broadcast: k {shape_text(k, 2)}, v {shape_text(v, 2)}")
+    if (nq >= 1 and nk >= 1 and nv >= 1 and k.shape[nk - 1] == v.shape[nv - 1]
+            and 0 < kv[max(nk, nv) - 1] < q.shape[nq - 1] and q.shape[nq - 1] % kv[max(nk, nv) - 1] == 0):
+        g = q.shape[nq - 1] // kv[max(nk, nv) - 1]
+    for d in range(nb):
+        P.bshape[d] = 1
+        bq[d] = 1
+    if g > 1:
+        # q's batch dims with the key/value head count on the head axis
+        for d in range(nq):
+            bq[nb - nq + d] = q.shape[d]
+        bq[nb - 1] = kv[max(nk, nv) - 1]
+        if broadcast_into(bq, nb, k.shape, nk) or broadcast_into(bq, nb, v.shape, nv):
+            grouped = (<object>q).shape[:nq - 1] + (kv[max(nk, nv) - 1],)
+            raise ValueError(f"batch dimensions do not broadcast: q (heads grouped) {grouped}, "
+                             f"k {shape_text(k, 2)}, v {shape_text(v, 2)}")
+        for d in range(nb):
+            P.bshape[d] = bq[d]
+        bq[nb - 1] = q.shape[nq - 1]
+    else:
+        if (broadcast_into(bq, nb, q.shape, nq) or broadcast_into(bq, nb, k.shape, nk)
+                or broadcast_into(bq, nb, v.shape, nv)):
+            raise ValueError(f"batch dimensions do not broadcast: q {shape_text(q, 2)}, "
+                             f"k {shape_text(k, 2)}, v {shape_text(v, 2)}")
+        for d in range(nb):
+            P.bshape[d] = bq[d]
+    P.nb = nb
+    P.g = g
+    nbq[0] = nb
+    return 0
+
+
+# ---------------------------------------------------------------- array options
+
+cdef bint fits(cnp.ndarray x, const cnp.npy_intp *shape, int nd) noexcept:
+    """x broadcasts to shape (nd dims) without changing it: at most nd dims, each
+    (right-aligned) 1 or equal."""
+    cdef int d, off = nd - x.ndim
+    if off < 0:
+        return False
+    for d in range(x.ndim):
+        if x.shape[d] != 1 and x.shape[d] != shape[off + d]:
+            return False
+    return True
+
+
+cdef cnp.ndarray score_operand(x, str name, const cnp.npy_intp *bq, int nbq, int64_t Lq, int64_t Lk,
+                               int typenum):
+    """mask (typenum NPY_BOOL) or bias (typenum: the compute type) as an array with
+    at least 2 dims that broadcasts to the score shape bq + (Lq, Lk); a 1-D one
+    (per key: a padding mask) is its (1, Lk) view.  The bias is read in place when
+    it has the compute type, else converted."""
+    cdef cnp.npy_intp full[MAXDIM + 2]
+    cdef cnp.ndarray a
+    cdef int d
+    if typenum == cnp.NPY_BOOL:
+        a = <cnp.ndarray>x if type(x) is cnp.ndarray else np.asarray(x)
+        if cnp.PyArray_TYPE(a) != cnp.NPY_BOOL:
+            raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {a.dtype}")
+    else:
+        a = as_input(x, name)
+    for d in range(nbq):
+        full[d] = bq[d]
+    full[nbq] = Lq
+    full[nbq + 1] = Lk
+    if not fits(a, full, nbq + 2):
+        raise ValueError(f"{name} with shape {(<object>a).shape} does not broadcast to the score shape "
+                         f"{tuple(full[d] for d in range(nbq + 2))}")
+    if a.ndim < 2:
+        a = a.reshape((1,) * (2 - a.ndim) + (<object>a).shape)
+    if typenum != cnp.NPY_BOOL:
+        a = to_compute(a, typenum)
+    return a
+
+
+cdef cnp.ndarray batch_table(x, str name, const cnp.npy_intp *bq, int nbq, int typenum):
+    """A per-(batch, query head) option (kv_lengths: typenum NPY_INT64; alibi_slopes:
+    the compute type) as the contiguous table the kernels read, one entry per
+    batch element of the output in C order; x must broadcast to the batch dims
+    bq.  int32/int64 and float32/float64 sources are read in place, others
+    converted first (as numpy's assignment would)."""
+    cdef cnp.ndarray a = <cnp.ndarray>x if type(x) is cnp.ndarray else np.asarray(x)
+    cdef cnp.npy_intp n = 1, i
+    cdef cnp.npy_intp cnt[MAXDIM]
+    cdef cnp.npy_intp st[MAXDIM]
+    cdef int d, off, xt
+    cdef const char *p
+    cdef char *tab
+    cdef cnp.ndarray t
+    if not fits(a, bq, nbq):
+        raise ValueError(f"{name} with shape {(<object>a).shape} does not broadcast to the "
+                         f"batch dimensions {tuple(bq[d] for d in range(nbq))}")
+    xt = cnp.PyArray_TYPE(a)
+    if typenum == cnp.NPY_INT64:
+        if (xt != cnp.NPY_INT64 and xt != cnp.NPY_INT32) or not behaved_array(a):
+            a = a.astype(np.int64)
+    elif (xt != cnp.NPY_FLOAT and xt != cnp.NPY_DOUBLE) or not behaved_array(a):
+        a = a.astype(np.float64)
+    xt = cnp.PyArray_TYPE(a)
+    off = nbq - a.ndim
+    for d in range(nbq):
+        n *= bq[d]
+        cnt[d] = 0
+        st[d] = a.strides[d - off] if d >= off and a.shape[d - off] != 1 else 0
+    t = cnp.PyArray_EMPTY(1, &n, typenum, 0)
+    tab = <char *>cnp.PyArray_DATA(t)
+    p = <const char *>cnp.PyArray_DATA(a)
+    for i in range(n):
+        if typenum == cnp.NPY_INT64:
+            (<int64_t *>tab)[i] = (<const int64_t *>p)[0] if xt == cnp.NPY_INT64 else (<const int32_t *>p)[0]
+        elif typenum == cnp.NPY_FLOAT:
+            (<float *>tab)[i] = <float>((<const double *>p)[0] if xt == cnp.NPY_DOUBLE else (<const float *>p)[0])
+        else:
+            (<double *>tab)[i] = (<const double *>p)[0] if xt == cnp.NPY_DOUBLE else (<const float *>p)[0]
+        # next multi-index over the batch dims (the last one fastest)
+        d = nbq - 1
+        while d >= 0:
+            cnt[d] += 1
+            p += st[d]
+            if cnt[d] < bq[d]:
+                break
+            p -= st[d] * cnt[d]
+            cnt[d] = 0
+            d -= 1
+    return t
+
+
+cdef cnp.ndarray kv_lengths_table(kv_lengths, const cnp.npy_intp *bq, int nbq, int64_t Lk):
+    """kv_lengths as the int64 table of the batch elements, every length in [0, Lk]."""
+    cdef cnp.ndarray a = <cnp.ndarray>kv_lengths if type(kv_lengths) is cnp.ndarray else np.asarray(kv_lengths)
+    cdef cnp.ndarray t
+    cdef const int64_t *p
     cdef int64_t lo, hi
-    if cnp.PyArray_TYPE(t) != cnp.NPY_INT64 or t.ndim != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(t) or n == 0:
-        raise ValueError("int64_range: a contiguous non-empty 1-D int64 array expected")
-    lo = hi = p[0]
-    for i in range(1, n):
-        lo = min(lo, p[i])
-        hi = max(hi, p[i])
-    return lo, hi
+    cdef cnp.npy_intp i, n
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"kv_lengths must be an integer array, got dtype {a.dtype}")
+    t = batch_table(a, "kv_lengths", bq, nbq, cnp.NPY_INT64)
+    n = cnp.PyArray_SIZE(t)
+    if n:
+        p = <const int64_t *>cnp.PyArray_DATA(t)
+        lo = hi = p[0]
+        for i in range(1, n):
+            lo = min(lo, p[i])
+            hi = max(hi, p[i])
+        if lo < 0 or hi > Lk:
+            raise ValueError(f"kv_lengths must lie in [0, Lk={Lk}], got values in [{lo}, {hi}]")
+    return t
 
 
-_thread_resolver = None
-
-
-def set_thread_resolver(resolver):
-    """The function plain calls use to pick their thread count (fastattn._threads)."""
-    global _thread_resolver
-    _thread_resolver = resolver
-
-
-cdef inline bint plain_operand(cnp.ndarray a, int typenum) noexcept:
-    """float32/float64 of the given type, native byte order, aligned, item-multiple strides."""
-    return cnp.PyArray_TYPE(a) == typenum and behaved_array(a)
-
+# ---------------------------------------------------------------- outputs
 
 cdef inline void byte_extent(cnp.ndarray a, char **lo, char **hi) noexcept:
     """[lo, hi): the bytes a's elements span (nonempty a)."""
@@ -97,286 +386,34 @@ cdef bint may_overlap(cnp.ndarray a, cnp.ndarray b) noexcept:
     return alo < bhi and blo < ahi
 
 
-cdef inline bint fast_window_side(w, Py_ssize_t *side):
-    """One side of window= as the general path reads it (None or an int >= 0, not
-    a bool); False for anything else, which the general path checks."""
-    if w is None:
-        side[0] = -1
-        return True
-    if type(w) is not int or not 0 <= w <= 0x3fffffffffffffff:
-        return False
-    side[0] = w
-    return True
-
-
-cdef inline bint fast_real(x):
-    """A float the general path's _check_real takes as float(x): a Python float or
-    a subclass of it (numpy.float64, what 1 / np.sqrt(d) gives), or a numpy
-    float32 / float16 scalar.  (Ints and 0-d arrays are left to the general path.)"""
-    return isinstance(x, float) or isinstance(x, (np.float32, np.float16))
-
-
-cdef object fast_batch_table(cnp.ndarray x, cnp.ndarray q, int64_t Lk, int typenum):
-    """A per-(batch, query head) option as the contiguous table that the kernels
-    read, one entry per batch entry of q in C order over q's batch dims (what the
-    general path's _batch_table builds): kv_lengths (typenum NPY_INT64; x int32 or
-    int64, every length in [0, Lk]) or alibi_slopes (typenum q's float type; x
-    float32 or float64, converted as numpy's assignment does).  x must broadcast to
-    q's batch dims.  None when x is anything else or a length lies outside [0, Lk]
-    (the general path then converts or raises its errors)."""
-    cdef int nb = q.ndim - 2
-    cdef int off, d, xt = cnp.PyArray_TYPE(x)
-    cdef cnp.npy_intp n = 1
-    cdef cnp.npy_intp i
-    cdef cnp.npy_intp cnt[64]
-    cdef cnp.npy_intp st[64]
-    cdef const char *p
-    cdef int64_t val
-    cdef double f
-    cdef cnp.ndarray t
-    cdef char *tab
-    if typenum == cnp.NPY_INT64:
-        if xt != cnp.NPY_INT64 and xt != cnp.NPY_INT32:
-            return None
-    elif xt != cnp.NPY_FLOAT and xt != cnp.NPY_DOUBLE:
-        return None
-    if not behaved_array(x) or x.ndim > nb:
-        return None
-    off = nb - x.ndim
-    for d in range(nb):
-        n *= q.shape[d]
-        cnt[d] = 0
-        st[d] = 0
-        if d >= off:
-            if x.shape[d - off] == q.shape[d]:
-                st[d] = x.strides[d - off]
-            elif x.shape[d - off] != 1:
-                return None
-    t = cnp.PyArray_EMPTY(1, &n, typenum, 0)
-    tab = <char *>cnp.PyArray_DATA(t)
-    p = <const char *>cnp.PyArray_DATA(x)
-    for i in range(n):
-        if typenum == cnp.NPY_INT64:
-            val = (<const int64_t *>p)[0] if xt == cnp.NPY_INT64 else (<const int32_t *>p)[0]
-            if val < 0 or val > Lk:
-                return None
-            (<int64_t *>tab)[i] = val
-        else:
-            f = (<const double *>p)[0] if xt == cnp.NPY_DOUBLE else (<const float *>p)[0]
-            if typenum == cnp.NPY_FLOAT:
-                (<float *>tab)[i] = <float>f
-            else:
-                (<double *>tab)[i] = f
-        # next multi-index over q's batch dims (the last one fastest)
-        d = nb - 1
-        while d >= 0:
-            cnt[d] += 1
-            p += st[d]
-            if cnt[d] < q.shape[d]:
-                break
-            p -= st[d] * cnt[d]
-            cnt[d] = 0
-            d -= 1
-    return t
-
-
-cdef bint fast_score_operand(cnp.ndarray x, cnp.ndarray q, int64_t Lk, int typenum):
-    """mask / bias as the general path's _score_operand accepts them without a
-    reshape or conversion: of the given type, behaved, at least 2 dims, broadcasting
-    to q's batch dims + (Lq, Lk) (each dim 1 or equal, right-aligned)."""
-    cdef int nd = q.ndim, xd = x.ndim, d, off
-    if cnp.PyArray_TYPE(x) != typenum or not behaved_array(x) or xd < 2 or xd > nd:
-        return False
-    if x.shape[xd - 1] != 1 and x.shape[xd - 1] != Lk:
-        return False
-    off = nd - xd
-    for d in range(xd - 1):
-        if x.shape[d] != 1 and x.shape[d] != q.shape[off + d]:
-            return False
-    return True
-
-
-_general_attention = None
-
-
-def set_general_attention(f):
-    """The general path of attention() (fastattn._api._attention_general): called
-    with (q, k, v, scale, causal, mask, bias, window, kv_lengths, softcap,
-    alibi_slopes, return_weights, return_lse, out, num_threads) for every call the
-    compiled fast path declines."""
-    global _general_attention
-    _general_attention = f
-
-
-def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
-              kv_lengths=None, softcap=None, alibi_slopes=None, return_weights=False,
-              return_lse=False, out=None, num_threads=None):
-    # fastattn.attention itself (its docstring is set by fastattn._api).  Compiled
-    # so that a call costs no Python frame: a Python function fills each of these
-    # twelve keyword-only defaults with a dict lookup (about a fifth of a tiny
-    # call).  The compiled fast path first, the general path for anything else.
-    result = attention_fast_impl(q, k, v, scale, causal, window, softcap, return_lse, num_threads,
-                                 out, kv_lengths, mask, bias, alibi_slopes, return_weights)
-    if result is not None:
-        return result
-    return _general_attention(q, k, v, scale, causal, mask, bias, window, kv_lengths, softcap,
-                              alibi_slopes, return_weights, return_lse, out, num_threads)
-
-
-cdef object attention_fast_impl(q, k, v, scale, causal, window, softcap, return_lse, num_threads, out,
-                                kv_lengths, mask, bias, alibi_slopes, return_weights):
-    """``attention(q, k, v, ...)`` without Python overhead, for the options a decode
-    loop passes: scale, causal, window, softcap, return_lse, out, grouped heads,
-    kv_lengths, a boolean mask, a bias, ALiBi slopes (and return_weights).
-
-    Taken when q, k, v are ndarrays of one native float dtype and the same number
-    of dims, k and v with identical batch dims that equal q's or are 1 (shared by
-    q's batch elements), or on the head axis a divisor of q's (grouped-query
-    attention; one key/value head: multi-query), scale and softcap are floats (or
-    None) as fast_real takes them, causal is False, None, True, "top_left" or "bottom_right", window None, an int
-    or a pair of ints or None, return_lse and return_weights bools, kv_lengths (if
-    given) an int32 or int64 ndarray that broadcasts to q's batch dims with every
-    length in [0, Lk], alibi_slopes a float32 or float64 ndarray that broadcasts
-    to them, mask (bool) and bias (the dtype of q) ndarrays of at least 1 dim
-    that broadcast to q's batch dims + (Lq, Lk), and out (if given) a writeable,
-    aligned array of that dtype and the output's shape that overlaps none of them.  Returns None for anything else,
-    and the caller takes the general path, which also produces the errors.  Small
-    problems run on the calling thread and never ask for a thread count; larger ones
-    ask fastattn._threads (which honours num_threads)."""
-    cdef cnp.ndarray qa, ka, va, oa, res, lse = None, kvt = None, slt = None, wts = None
-    cdef int nd, d, typenum, code
-    cdef Plan P
-    cdef cnp.npy_intp dims[64]
-    cdef double sc, cap = 0.0
-    cdef Py_ssize_t wl = -1, wr = -1
-    cdef int64_t g = 1
-    if num_threads is not None and (type(num_threads) is not int or not 1 <= num_threads <= 0x7fffffff):
-        return None
-    if return_lse is not False and return_lse is not True:
-        return None
-    if return_weights is not False and return_weights is not True:
-        return None
-    if causal is False or causal is None:
-        code = CAUSAL_NONE
-    elif causal is True:
-        code = CAUSAL_TOP_LEFT
-    elif type(causal) is str and causal == "top_left":
-        code = CAUSAL_TOP_LEFT
-    elif type(causal) is str and causal == "bottom_right":
-        code = CAUSAL_BOTTOM_RIGHT
+cdef int check_out(out, int nd, const cnp.npy_intp *shape, int typenum, tuple inputs, str name) except -1:
+    """out= must be an ndarray of exactly the result's shape and dtype, writeable,
+    without repeated elements and not overlapping any input ((name, array) pairs,
+    array None when absent)."""
+    cdef cnp.ndarray o
+    cdef int d
+    cdef bint same = True
+    if not isinstance(out, cnp.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
+    o = <cnp.ndarray>out
+    if o.ndim != nd:
+        same = False
     else:
-        return None
-    if window is not None:
-        if type(window) is tuple or type(window) is list:
-            if len(window) != 2 or not (fast_window_side(window[0], &wl) and fast_window_side(window[1], &wr)):
-                return None
-        elif fast_window_side(window, &wl):
-            wr = wl
-        else:
-            return None
-    if softcap is not None:
-        if not fast_real(softcap):
-            return None
-        cap = softcap
-        if not (isfinite(cap) and cap > 0):
-            return None
-    if type(q) is not cnp.ndarray or type(k) is not cnp.ndarray or type(v) is not cnp.ndarray:
-        return None
-    qa, ka, va = q, k, v
-    nd = qa.ndim
-    if nd < 2 or nd > MAXDIM or ka.ndim != nd or va.ndim != nd:
-        return None
-    typenum = cnp.PyArray_TYPE(qa)
-    if typenum != cnp.NPY_FLOAT and typenum != cnp.NPY_DOUBLE:
-        return None
-    if not (plain_operand(qa, typenum) and plain_operand(ka, typenum) and plain_operand(va, typenum)):
-        return None
-    for d in range(nd - 2):
-        if va.shape[d] != ka.shape[d]:
-            return None
-        if ka.shape[d] != qa.shape[d]:
-            if d == nd - 3 and 0 < ka.shape[d] < qa.shape[d] and qa.shape[d] % ka.shape[d] == 0:
-                # grouped heads: the head axis (-3) of k and v divides q's (the
-                # general path's rule; one key/value head too: multi-query)
-                g = qa.shape[d] // ka.shape[d]
-            elif ka.shape[d] != 1:
-                return None
-            # else k and v are shared along this batch dim (stride 0 in the plan)
-    if ka.shape[nd - 1] != qa.shape[nd - 1] or va.shape[nd - 2] != ka.shape[nd - 2]:
-        return None
-    if scale is None:
-        sc = 1.0 / sqrt(<double>qa.shape[nd - 1]) if qa.shape[nd - 1] > 0 else 1.0
-    elif fast_real(scale):
-        sc = scale
-        if not isfinite(sc):
-            return None
-    else:
-        return None
-    if kv_lengths is not None:
-        if type(kv_lengths) is not cnp.ndarray:
-            return None
-        kvt = fast_batch_table(kv_lengths, qa, ka.shape[nd - 2], cnp.NPY_INT64)
-        if kvt is None:
-            return None
-    if alibi_slopes is not None:
-        if type(alibi_slopes) is not cnp.ndarray:
-            return None
-        slt = fast_batch_table(alibi_slopes, qa, ka.shape[nd - 2], typenum)
-        if slt is None:
-            return None
-    # a 1-D mask or bias (per key: a padding mask) is its (1, Lk) view, as the
-    # general path makes it
-    if type(mask) is cnp.ndarray and (<cnp.ndarray>mask).ndim == 1:
-        mask = mask[None]
-    if type(bias) is cnp.ndarray and (<cnp.ndarray>bias).ndim == 1:
-        bias = bias[None]
-    if mask is not None and (type(mask) is not cnp.ndarray
-                             or not fast_score_operand(mask, qa, ka.shape[nd - 2], cnp.NPY_BOOL)):
-        return None
-    if bias is not None and (type(bias) is not cnp.ndarray
-                             or not fast_score_operand(bias, qa, ka.shape[nd - 2], typenum)):
-        return None
-    for d in range(nd - 1):
-        dims[d] = qa.shape[d]
-    dims[nd - 1] = va.shape[nd - 1]
-    if out is None:
-        res = cnp.PyArray_EMPTY(nd, dims, typenum, 0)
-    else:
-        # a preallocated output (a decode loop's): the same checks as the general
-        # path's, which raises the errors; here any doubt means None
-        if type(out) is not cnp.ndarray:
-            return None
-        oa = out
-        if oa.ndim != nd or not plain_operand(oa, typenum) or not cnp.PyArray_ISWRITEABLE(oa):
-            return None
         for d in range(nd):
-            if oa.shape[d] != dims[d]:
-                return None
-        if cnp.PyArray_SIZE(oa) > 0:
-            for d in range(nd):
-                if oa.strides[d] == 0 and oa.shape[d] > 1:
-                    return None
-        if may_overlap(oa, qa) or may_overlap(oa, ka) or may_overlap(oa, va):
-            return None
-        if (mask is not None and may_overlap(oa, mask)) or (bias is not None and may_overlap(oa, bias)):
-            return None
-        res = oa
-    if return_lse:
-        lse = cnp.PyArray_EMPTY(nd - 1, qa.shape, typenum, 0)
-    if return_weights:
-        dims[nd - 1] = ka.shape[nd - 2]
-        wts = cnp.PyArray_EMPTY(nd, dims, typenum, 0)      # q's batch dims + (Lq, Lk)
-
-    P.nb = nd - 2
-    for d in range(P.nb):
-        P.bshape[d] = qa.shape[d]       # q's batch dims (k and v may broadcast) ...
-    if g > 1:
-        P.bshape[P.nb - 1] = ka.shape[P.nb - 1]     # ... with the key heads when grouped
-    plan_init(&P, qa, ka, va, res, g, sc, code, wl, wr, cap)
-    plan_options(&P, mask, bias, kvt, slt, wts, lse)
-    plan_run(&P, typenum, num_threads)
-    if return_weights:
-        return (res, wts, lse) if return_lse else (res, wts)
-    if return_lse:
-        return res, lse
-    return res
+            if o.shape[d] != shape[d]:
+                same = False
+    if not same:
+        raise ValueError(f"{name} has shape {(<object>o).shape}, expected {tuple(shape[d] for d in range(nd))}")
+    if cnp.PyArray_TYPE(o) != typenum or not cnp.PyArray_ISNOTSWAPPED(o):
+        raise TypeError(f"{name} has dtype {o.dtype}, expected {dtype_of(typenum)}")
+    if not cnp.PyArray_ISWRITEABLE(o):
+        raise ValueError(f"{name} is read-only")
+    if cnp.PyArray_SIZE(o):
+        for d in range(nd):
+            if o.strides[d] == 0 and o.shape[d] > 1:
+                raise ValueError(f"{name} has overlapping elements (a zero stride); it must be a plain "
+                                 f"writeable array")
+    for arr_name, arr in inputs:
+        if arr is not None and may_overlap(o, <cnp.ndarray>arr):
+            raise ValueError(f"{name} overlaps the input {arr_name}")
+    return 0

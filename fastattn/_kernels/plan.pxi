@@ -143,26 +143,16 @@ cdef inline void key_range(const Plan *P, int64_t p, int64_t kb, int64_t ke,
     if hi[0] < lo[0]:
         hi[0] = lo[0]
 
-cdef int plan_init(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray out, int64_t g,
-                   double scale, int causal, int64_t wl, int64_t wr, double softcap) except -1:
-    """Shapes, scalar options and the q, k, v, out operands of a plan whose P.nb and
-    P.bshape the caller has set; every optional operand starts switched off."""
+cdef int plan_init(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray out) except -1:
+    """The q, k, v, out operands of a plan whose batch layout (P.nb, P.bshape, P.g),
+    shapes (Lq, Lk, Dk, Dv) and scalar options the argument path has set; every
+    optional operand starts switched off."""
     cdef int d
-    cdef int64_t hq = g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
+    cdef int64_t hq = P.g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
     P.nbatch = 1
     for d in range(P.nb):
         P.nbatch *= P.bshape[d]
-    P.g = g
-    P.Lq = q.shape[q.ndim - 2]
-    P.Lk = k.shape[k.ndim - 2]
-    P.Dk = q.shape[q.ndim - 1]
-    P.Dv = v.shape[v.ndim - 1]
-    P.nrows = g * P.Lq
-    P.scale = scale
-    P.softcap = softcap
-    P.causal = causal
-    P.wl = wl
-    P.wr = wr
+    P.nrows = P.g * P.Lq
     P.has_mask = P.has_bias = P.has_kvlen = P.has_alibi = P.want_lse = P.want_weights = 0
     P.kvlen = NULL
     P.slopes = NULL

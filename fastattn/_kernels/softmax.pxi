@@ -134,25 +134,16 @@ cdef int softmax_cols_run(const floating *x, int64_t xso, int64_t xsn, floating 
 
 # a softmax along a non-last axis takes the column kernel when the axes after
 # it hold at least this many elements (one float vector); below, row by row
-SOFTMAX_COL_MIN = FA_VBYTES // 4
-# softmax of at most this many elements runs on the calling thread (the general
-# path then does not ask fastattn._threads for a count)
-SOFTMAX_THREADS_MIN = SOFTMAX_PARALLEL_MIN
+cdef int64_t SOFTMAX_COL_MIN = FA_VBYTES // 4
 
 
-def softmax_cols_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthreads):
+cdef int softmax_cols_forward(cnp.ndarray x, cnp.ndarray out, int log_mode, int nthreads) except -1:
     """Softmax along axis 1 of 3-D x (outer, n, inner) into out of the same shape
-    and dtype (float32/float64); both need element stride 1 along the last axis
-    and item-multiple strides.  Lanes run over the last (contiguous) axis."""
+    and compute type; both have element stride 1 along the last axis (at least
+    a vector long) and item-multiple strides.  Lanes run over the last axis."""
     cdef int64_t item = cnp.PyArray_ITEMSIZE(x)
-    if x.ndim == 3 and x.size == 0:
-        return out          # (an empty array's strides may be anything)
-    if x.ndim != 3 or out.ndim != 3 or x.strides[2] != item or out.strides[2] != item:
-        raise ValueError("softmax_cols_forward: 3-D arrays with a contiguous last axis expected")
-    if x.strides[0] % item or x.strides[1] % item or out.strides[0] % item or out.strides[1] % item:
-        raise ValueError("softmax_cols_forward: strides must be multiples of the item size")
-    if x.shape[2] < SOFTMAX_COL_MIN:
-        raise ValueError(f"softmax_cols_forward: the last axis needs at least {SOFTMAX_COL_MIN} elements")
+    if x.size == 0:
+        return 0            # (an empty array's strides may be anything)
     if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT:
         softmax_cols_run(<const float *>cnp.PyArray_DATA(x), x.strides[0] // item, x.strides[1] // item,
                          <float *>cnp.PyArray_DATA(out), out.strides[0] // item, out.strides[1] // item,
@@ -161,39 +152,12 @@ def softmax_cols_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthr
         softmax_cols_run(<const double *>cnp.PyArray_DATA(x), x.strides[0] // item, x.strides[1] // item,
                          <double *>cnp.PyArray_DATA(out), out.strides[0] // item, out.strides[1] // item,
                          x.shape[0], x.shape[1], x.shape[2], log_mode, nthreads)
-    return out
+    return 0
 
 
-def softmax_fast(x, bint log_mode, num_threads):
-    """softmax(x) / log_softmax(x) along the last axis, no ``out``, without Python
-    overhead: taken when x is an ndarray of a native float dtype (aligned,
-    item-multiple strides, at least one dimension, contiguous last axis).
-    Returns None for anything else; the caller then takes the general path,
-    which also produces the errors.  Small inputs run on the calling thread and
-    never ask for a thread count."""
-    cdef cnp.ndarray xa, out
-    cdef int typenum, nthreads = 1
-    if num_threads is not None and (type(num_threads) is not int or not 1 <= num_threads <= 0x7fffffff):
-        return None
-    if type(x) is not cnp.ndarray:
-        return None
-    xa = x
-    typenum = cnp.PyArray_TYPE(xa)
-    if (typenum != cnp.NPY_FLOAT and typenum != cnp.NPY_DOUBLE) or xa.ndim < 1 or xa.ndim > MAXDIM + 1:
-        return None
-    if not plain_operand(xa, typenum):
-        return None
-    if xa.shape[xa.ndim - 1] > 1 and xa.strides[xa.ndim - 1] != cnp.PyArray_ITEMSIZE(xa):
-        return None     # strided rows: the general path picks a layout-aware kernel
-    out = cnp.PyArray_EMPTY(xa.ndim, xa.shape, typenum, 0)
-    if cnp.PyArray_SIZE(xa) > SOFTMAX_PARALLEL_MIN:
-        nthreads = _thread_resolver(num_threads)
-    softmax_forward(xa, out, log_mode, nthreads)
-    return out
-
-
-def softmax_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthreads):
-    """Softmax along the LAST axis of x into out (same shape, compute dtype, any strides)."""
+cdef int softmax_forward(cnp.ndarray x, cnp.ndarray out, int log_mode, int nthreads) except -1:
+    """Softmax along the LAST axis of x into out (same shape, compute type, any
+    item-multiple strides)."""
     cdef Plan P
     cdef int d
     cdef int64_t n = x.shape[x.ndim - 1]
@@ -211,9 +175,87 @@ def softmax_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthreads)
     P.q.sc = P.q.sr
     P.o.sc = P.o.sr
     if P.nbatch == 0:
-        return out
+        return 0
     if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT:
         softmax_run(&P, <float>0, n, log_mode, nthreads)
     else:
         softmax_run(&P, <double>0, n, log_mode, nthreads)
-    return out
+    return 0
+
+
+cdef int softmax_along(cnp.ndarray xc, cnp.ndarray res, int axis, int log_mode, int nthreads) except -1:
+    """Softmax of xc along axis into res (same shape and compute type), by layout.
+
+    When xc and res share one dense layout (C order, Fortran order, or any
+    transposition of them), ordered by decreasing stride both are C-contiguous
+    and the softmax axis sits at position p.  p last: contiguous rows.
+    Otherwise, when the axes after p hold at least one float vector: 3-D
+    (outer, n, inner) views for the column kernel.  Anything else goes row by
+    row (rows gathered through the strides)."""
+    cdef int nd = xc.ndim, p
+    if axis == nd - 1 and cnp.PyArray_IS_C_CONTIGUOUS(xc) and cnp.PyArray_IS_C_CONTIGUOUS(res):
+        return softmax_forward(xc, res, log_mode, nthreads)
+    perm = sorted(range(nd), key=lambda d: (-abs(xc.strides[d]), d))
+    xt, rt = xc.transpose(perm), res.transpose(perm)
+    if xt.flags.c_contiguous and rt.flags.c_contiguous:
+        p = perm.index(axis)
+        if p == nd - 1:
+            return softmax_forward(np.moveaxis(xc, axis, -1), np.moveaxis(res, axis, -1), log_mode, nthreads)
+        inner = math.prod(xt.shape[p + 1:])
+        if inner >= SOFTMAX_COL_MIN:
+            shape3 = (math.prod(xt.shape[:p]), xt.shape[p], inner)
+            return softmax_cols_forward(xt.reshape(shape3), rt.reshape(shape3), log_mode, nthreads)
+    return softmax_forward(np.moveaxis(xc, axis, -1), np.moveaxis(res, axis, -1), log_mode, nthreads)
+
+
+cdef object softmax_call(x, axis, out, num_threads, int log_mode, str fname):
+    """softmax / log_softmax of x along axis (an int, or None for the whole array).
+    The result takes the input's memory layout (as NumPy ufuncs do), so a slice
+    that is contiguous in x is contiguous in the result too."""
+    cdef cnp.ndarray xa = as_input(x, "x"), xc, res
+    cdef int ctype, otype, nthreads = 1, ax, t
+    check_num_threads(num_threads)
+    t = cnp.PyArray_TYPE(xa)
+    if t == cnp.NPY_FLOAT or t == cnp.NPY_DOUBLE:
+        ctype = otype = t
+    else:
+        ctype = compute_type(xa, xa, xa, &otype)
+    if out is not None:
+        check_out(out, xa.ndim, xa.shape, otype, (("x", xa),), "out")
+    if cnp.PyArray_SIZE(xa) > SOFTMAX_PARALLEL_MIN:
+        # small inputs run on the calling thread: no thread count asked for
+        nthreads = _thread_resolver(num_threads)
+    xc = to_compute(xa, ctype)
+    if axis is None:
+        flat = np.ascontiguousarray(xc).reshape(1, -1) if xc.ndim != 1 else xc.reshape(1, -1)
+        res = cnp.PyArray_EMPTY(2, (<cnp.ndarray>flat).shape, ctype, 0)
+        if flat.size:
+            softmax_forward(flat, res, log_mode, nthreads)
+        res = res.reshape((<object>xa).shape)
+    else:
+        if type(axis) is int and -xc.ndim <= axis < xc.ndim:
+            ax = axis % xc.ndim
+        else:
+            if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
+                raise TypeError(f"{fname}: axis must be an int or None, got {axis!r}")
+            ax = np.lib.array_utils.normalize_axis_index(operator.index(axis), xc.ndim)
+        if out is not None and otype == ctype and behaved_array(<cnp.ndarray>out):
+            softmax_along(xc, <cnp.ndarray>out, ax, log_mode, nthreads)
+            return out
+        if cnp.PyArray_IS_C_CONTIGUOUS(xc):
+            res = cnp.PyArray_EMPTY(xc.ndim, xc.shape, ctype, 0)
+        else:
+            res = np.empty_like(xc, dtype=dtype_of(ctype))
+        softmax_along(xc, res, ax, log_mode, nthreads)
+    if out is not None:
+        out[...] = res
+        return out
+    return res if otype == ctype else res.astype(dtype_of(otype))
+
+
+def softmax(x, axis=-1, *, out=None, num_threads=None):
+    return softmax_call(x, axis, out, num_threads, 0, "softmax")
+
+
+def log_softmax(x, axis=-1, *, out=None, num_threads=None):
+    return softmax_call(x, axis, out, num_threads, 1, "log_softmax")
