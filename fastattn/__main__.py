@@ -74,8 +74,10 @@ def _vec(x):
     return "[" + ", ".join(f"{v:.6g}" for v in np.ravel(x)) + "]"
 
 
-def walkthrough(out=sys.stdout):
-    """Print the worked example; return the number of failed checks."""
+def walkthrough(out=None):
+    """Print the worked example to ``out`` (default: sys.stdout at call time);
+    return the number of failed checks."""
+    out = sys.stdout if out is None else out
     import fastattn
     from fastattn import reference
 
@@ -183,7 +185,7 @@ def _case_list(text):
     known = [c["id"] for c in _quickbench.ALL_CASES]
     unknown = [x for x in ids if x not in known]
     if unknown or not ids:
-        raise argparse.ArgumentTypeError(f"unknown case(s) {', '.join(unknown) or text!r}; "
+        raise argparse.ArgumentTypeError(f"unknown case(s) {', '.join(unknown) or repr(text)}; "
                                          f"known: {', '.join(known)}")
     return ids
 

@@ -303,7 +303,7 @@ def _loadavg():
 
 
 def run(cases, threads, repeats=DEFAULT_REPEATS, min_time=DEFAULT_MIN_TIME, torch=True,
-        progress=sys.stderr):
+        progress=None):
     """Time ``cases`` in fastattn, the NumPy/SciPy baseline and torch, alternating.
 
     Returns
@@ -314,6 +314,7 @@ def run(cases, threads, repeats=DEFAULT_REPEATS, min_time=DEFAULT_MIN_TIME, torc
         per repeat]}}]``.
     """
     import fastattn
+    progress = sys.stderr if progress is None else progress    # looked up per call
     # The fastattn worker must import the same fastattn as this process.
     path = [os.path.dirname(os.path.dirname(os.path.abspath(fastattn.__file__)))]
     wanted = ["fastattn"] + sorted({baseline_lib(c) for c in cases})
@@ -347,9 +348,10 @@ def run(cases, threads, repeats=DEFAULT_REPEATS, min_time=DEFAULT_MIN_TIME, torc
     return results
 
 
-def report(results, stream=sys.stdout, threshold=NOISY_SPREAD):
+def report(results, stream=None, threshold=NOISY_SPREAD):
     """Print the Markdown table of a :func:`run`; return how many figures are noisy or busy."""
     import fastattn
+    stream = sys.stdout if stream is None else stream          # looked up per call
     p = lambda *a: print(*a, file=stream)
     libs = results["libs"]
     have_torch = "torch" in libs
@@ -379,9 +381,9 @@ def report(results, stream=sys.stdout, threshold=NOISY_SPREAD):
         err = "—" if s["max_err"] is None else f"{s['max_err']:.1e}"
         p(f"| {case['id']} | {_bench.describe(case)} | " + " | ".join(cells) + f" | {err} |")
         notes += [f"{case['id']}: {lib} failed: {e}" for lib, e in s["errors"].items()]
-    p(f"\n±: half the interquartile range of the repeats over their median (a ratio's: of the "
-      f"per-repeat ratios of back-to-back measurements). max err: largest |fastattn − float64| "
-      f"on a slice.")
+    p("\n±: half the interquartile range of the repeats over their median (a ratio's: of the "
+      "per-repeat ratios of back-to-back measurements). max err: largest |fastattn − float64| "
+      "on a slice.")
     for n in notes:
         p(f"- {n}")
     if untrusted:
