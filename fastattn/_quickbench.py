@@ -329,7 +329,8 @@ def run(cases, threads, repeats=DEFAULT_REPEATS, min_time=DEFAULT_MIN_TIME, torc
           f"{repeats} repeats ...", file=progress, flush=True)
     workers = {}
     try:
-        workers = {lib: Worker(lib, threads, path if lib == "fastattn" else ()) for lib in libs}
+        for lib in libs:                 # one at a time, so that `finally` closes those started
+            workers[lib] = Worker(lib, threads, path if lib == "fastattn" else ())
         for w in workers.values():                           # the imports run side by side
             if not w.wait_ready():
                 print(f"  {w.lib} failed to start: {w.error}", file=progress, flush=True)
