@@ -10,7 +10,13 @@ Public API: :func:`attention` (alias :func:`scaled_dot_product_attention`),
 :func:`show_config`, and :mod:`fastattn.reference` (the pure-NumPy specification).
 """
 from . import reference
-from ._api import attention, log_softmax, merge_attention, scaled_dot_product_attention, softmax
+try:
+    from ._api import attention, log_softmax, merge_attention, scaled_dot_product_attention, softmax
+except ImportError as _exc:
+    # An unbuilt source checkout (no compiled kernels): say what to run instead.
+    from ._unbuilt import raise_if_unbuilt
+    raise_if_unbuilt(_exc, __path__[0])
+    raise
 from ._config import get_version as _get_version
 from ._config import show_config
 from ._threads import get_num_threads, set_num_threads, threads

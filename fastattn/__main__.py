@@ -1,8 +1,15 @@
-"""``python -m fastattn``: the attention formula worked through, a quick benchmark, the build.
+"""The ``fastattn`` command (also ``python -m fastattn``): the attention formula
+worked through, a quick benchmark, the build.
 
-    python -m fastattn            # the walkthrough (same as `walkthrough`)
-    python -m fastattn bench      # fastattn vs NumPy (and torch when installed)
-    python -m fastattn info       # fastattn.show_config()
+    fastattn                      # the walkthrough (same as `fastattn walkthrough`)
+    fastattn bench                # fastattn vs NumPy (and torch when installed)
+    fastattn info                 # fastattn.show_config()
+
+``fastattn`` is the console script ``pip install`` puts on PATH; it imports the
+installed package wherever it runs.  ``python -m fastattn`` is the same command,
+but run inside a source checkout it imports the checkout (the current directory
+comes first on sys.path): it works there after ``python setup.py build_ext
+--inplace`` and otherwise stops with a one-line hint (``fastattn/_unbuilt.py``).
 
 The walkthrough follows one query -- the word "it" -- against three keys
 ("trophy", "suitcase", "it") whose raw dot products are [16, 8, 0] with
@@ -12,7 +19,9 @@ The walkthrough follows one query -- the word "it" -- against three keys
 """
 import argparse
 import math
+import os
 import sys
+import textwrap
 
 import numpy as np
 
@@ -65,8 +74,10 @@ def _vec(x):
     return "[" + ", ".join(f"{v:.6g}" for v in np.ravel(x)) + "]"
 
 
-def walkthrough(out=sys.stdout):
-    """Print the worked example; return the number of failed checks."""
+def walkthrough(out=None):
+    """Print the worked example to ``out`` (default: sys.stdout at call time);
+    return the number of failed checks."""
+    out = sys.stdout if out is None else out
     import fastattn
     from fastattn import reference
 
@@ -154,28 +165,108 @@ def walkthrough(out=sys.stdout):
     return check.failed
 
 
-def main(argv=None):
+def _prog():
+    """How the user called us, for the usage line: ``fastattn`` or ``python -m fastattn``."""
+    return "python -m fastattn" if os.path.basename(sys.argv[0]) == "__main__.py" else "fastattn"
+
+
+def _positive(kind):
+    def parse(text):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def _case_list(text):
+    from fastattn import _quickbench
+    ids = [x.strip() for x in text.split(",") if x.strip()]
+    known = [c["id"] for c in _quickbench.ALL_CASES]
+    unknown = [x for x in ids if x not in known]
+    if unknown or not ids:
+        raise argparse.ArgumentTypeError(f"unknown case(s) {', '.join(unknown) or repr(text)}; "
+                                         f"known: {', '.join(known)}")
+    return ids
+
+
+def parser():
+    """The argument parser of the ``fastattn`` command."""
+    from fastattn import _quickbench as Q
+    prog = _prog()
     ap = argparse.ArgumentParser(
-        prog="python -m fastattn",
-        description="fastattn: fast exact attention and softmax for NumPy on CPUs.",
-        epilog="Without a command: the walkthrough.")
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="fastattn: fast exact attention and softmax for NumPy arrays on CPUs.",
+        epilog=f"Without a command: the walkthrough.  Examples:\n"
+               f"  {prog}                      # the formula step by step, checked\n"
+               f"  {prog} bench                # about half a minute\n"
+               f"  {prog} bench --cases decode,tiny --threads 1\n"
+               f"  {prog} info                 # version, build, CPU, threads")
     sub = ap.add_subparsers(dest="command", metavar="{walkthrough,bench,info}")
     sub.add_parser("walkthrough", help="the attention formula step by step, each step checked "
-                                       "against fastattn.reference (default)")
-    b = sub.add_parser("bench", help="quick side-by-side: fastattn vs NumPy (and torch if installed), "
-                                     "each library in its own process")
-    b.add_argument("--threads", type=int, default=None,
+                                       "against fastattn.reference (the default); exit status 1 "
+                                       "if a check fails",
+                   description="Scaled dot-product attention worked through on the seed example "
+                               "(the query 'it' against 'trophy', 'suitcase', 'it'); every number "
+                               "is computed by fastattn and checked against the float64 "
+                               "reference.")
+    b = sub.add_parser(
+        "bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="quick side-by-side: fastattn vs NumPy (and torch if installed), with the spread "
+             "of every figure",
+        description=textwrap.fill(
+            "Time fastattn against the naive NumPy baseline (SciPy for softmax) and torch, each "
+            "library in its own worker process.  The libraries alternate, the repeats are spread "
+            "over the run, and every figure is the median of its repeats with its spread (±); a "
+            f"figure whose repeats disagree by more than ±{100 * Q.NOISY_SPREAD:.0f}% is marked "
+            "'noisy' (a busy machine): rerun it on an idle one.  For the full comparison with "
+            "the machine's ceilings: python bench/compare.py in a source checkout.", 78),
+        epilog="cases: " + ", ".join(c["id"] for c in Q.ALL_CASES)
+               + f"\n(default: {','.join(Q.QUICK_CASE_IDS)})")
+    b.add_argument("--threads", type=_positive(int), default=None,
                    help="threads for every library (default: fastattn.get_num_threads())")
-    b.add_argument("--min-time", type=float, default=0.3, help="seconds timed per case and library")
-    sub.add_parser("info", help="print fastattn.show_config(): version, build, CPU, threads")
-    args = ap.parse_args(argv)
+    b.add_argument("--repeats", type=int, default=Q.DEFAULT_REPEATS,
+                   help=f"measurements per case and library (default {Q.DEFAULT_REPEATS}, "
+                        f"at least {Q.MIN_REPEATS})")
+    b.add_argument("--min-time", type=_positive(float), default=Q.DEFAULT_MIN_TIME,
+                   help=f"seconds timed per measurement (default {Q.DEFAULT_MIN_TIME})")
+    b.add_argument("--cases", type=_case_list, default=list(Q.QUICK_CASE_IDS),
+                   help="comma-separated case ids (listed below)")
+    b.add_argument("--no-torch", action="store_true", help="leave torch out even if installed")
+    sub.add_parser("info", help="print fastattn.show_config(): version, build, CPU, threads",
+                   description="Print fastattn.show_config(): version, the compiled kernel "
+                               "variants and the one in use, CPU features, OpenMP runtimes, "
+                               "threads.")
+    return ap
 
+
+def main(argv=None):
+    """Run the ``fastattn`` command; return its exit status.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments (default ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        0 on success (``bench``: also when it flags noisy figures); 1 when a
+        walkthrough check fails.  Bad arguments exit with status 2 (argparse).
+    """
+    ap = parser()
+    args = ap.parse_args(argv)
     if args.command == "bench":
-        from fastattn import _bench
-        if args.threads is not None and args.threads < 1:
-            ap.error("--threads must be >= 1")
-        print("Timing each case in a fresh process per library (progress below) ...", file=sys.stderr)
-        _bench.quick_bench(threads=args.threads, min_time=args.min_time)
+        from fastattn import _quickbench
+        if args.repeats < _quickbench.MIN_REPEATS:
+            ap.error(f"--repeats must be at least {_quickbench.MIN_REPEATS}: fewer cannot show "
+                     f"how far the figures can be trusted")
+        import fastattn
+        cases = [c for c in _quickbench.ALL_CASES if c["id"] in args.cases]
+        results = _quickbench.run(cases, args.threads or fastattn.get_num_threads(),
+                                  repeats=args.repeats, min_time=args.min_time,
+                                  torch=not args.no_torch)
+        _quickbench.report(results)       # noisy figures are flagged there, not failed
         print("\nFor the full comparison with the machine's ceilings: python bench/compare.py "
               "(in a source checkout).")
         return 0

@@ -1,4 +1,4 @@
-"""Timing harness shared by ``python -m fastattn bench`` and ``bench/compare.py``.
+"""Timing harness shared by ``fastattn bench`` (fastattn/_quickbench.py) and ``bench/compare.py``.
 
 Every measurement runs in a fresh Python process that imports exactly one
 library: two OpenMP runtimes in one process (ours and the libgomp bundled with
@@ -498,6 +498,75 @@ def child_main(lib, case, threads, min_time, check):
     return result
 
 
+def _preemptions():
+    """Involuntary context switches of this process so far (all threads), or None.
+
+    Counted while timing, per second and thread, they say whether other work
+    took the CPUs: a thread that has a core to itself is hardly ever preempted,
+    one that shares it is preempted at every scheduler tick (hundreds a second)
+    -- and the times it gives can be steady yet several times too slow, which no
+    spread between repeats reveals.  Not available on Windows.
+    """
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+
+# Reply lines of a worker start with this, so that whatever a library prints on
+# stdout is not mistaken for a result.
+WORKER_REPLY = "@@fastattn-bench-worker "
+
+
+def worker_main(lib, threads, requests=None, replies=None):
+    """Serve timing requests for ``lib`` until ``requests`` ends (``fastattn bench``).
+
+    A long-lived child that imports one library only: the quick bench asks each
+    library's worker in turn, so the libraries alternate without paying a
+    process start (torch: seconds) per measurement.  One JSON request per line,
+    ``{"case": ..., "min_time": seconds}``; a first line ``{"ready": lib}`` once
+    the library is imported, then one reply line per request,
+    ``WORKER_REPLY`` + JSON: ``{"seconds": median per call, "samples": [...],
+    "preemptions_per_s": ...}`` (see :func:`_preemptions`; absent where the
+    platform does not count them), plus ``max_err`` and the runner's info the
+    first time a case is seen, or
+    ``{"error": "..."}`` when the case fails (the worker carries on).  Inputs
+    and the callable of a case are built once and kept.
+    """
+    import importlib
+
+    import numpy as np
+    requests = sys.stdin if requests is None else requests
+    replies = sys.stdout if replies is None else replies
+    # Import the library before saying "ready", so that no import runs while
+    # another worker is being timed.
+    importlib.import_module({"numpy": "numpy", "scipy": "scipy.special"}.get(lib, lib))
+    replies.write(WORKER_REPLY + json.dumps({"ready": lib}) + "\n")
+    replies.flush()
+    prepared = {}
+    for line in requests:
+        req = json.loads(line)
+        case = req["case"]
+        result = {}
+        try:
+            if case["id"] not in prepared:
+                inputs = make_inputs(case, np)
+                fn, info = RUNNERS[lib](case, inputs, threads, np)
+                result.update(info, max_err=check_against_float64(case, inputs, fn(), np))
+                prepared[case["id"]] = fn
+            switches, t0 = _preemptions(), time.perf_counter()
+            samples = time_calls(prepared[case["id"]], req["min_time"], warmup=1)
+            wall = time.perf_counter() - t0
+            result.update(samples=samples, seconds=_median(samples))
+            if switches is not None:
+                result["preemptions_per_s"] = (_preemptions() - switches) / wall / threads
+        except Exception as exc:                  # reported per case; the worker carries on
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        replies.write(WORKER_REPLY + json.dumps(result) + "\n")
+        replies.flush()
+
+
 # ---------------------------------------------------------------------------
 # Parent side
 # ---------------------------------------------------------------------------
@@ -514,12 +583,22 @@ def child_env(threads, pythonpath=()):
     return env
 
 
-def _python(code, args=(), *, threads, pythonpath=(), timeout=None):
-    """Run ``code`` in a fresh interpreter with the benchmark environment."""
+def python_argv(code, args=()):
+    """argv of a fresh interpreter running ``code`` with ``args`` as its sys.argv[1:]."""
     # `python -c` puts the working directory first on sys.path; drop it so that
     # PYTHONPATH (or site-packages) alone decides which fastattn is imported.
     code = "import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\n" + code
-    return subprocess.run([sys.executable, "-c", code, *args], env=child_env(threads, pythonpath),
+    return [sys.executable, "-c", code, *args]
+
+
+# Runs this file by path: a child must not import fastattn unless it is the
+# fastattn child (its OpenMP runtime would disturb torch's).
+RUN_THIS_FILE = f"import runpy; runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')"
+
+
+def _python(code, args=(), *, threads, pythonpath=(), timeout=None):
+    """Run ``code`` in a fresh interpreter with the benchmark environment."""
+    return subprocess.run(python_argv(code, args), env=child_env(threads, pythonpath),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -535,11 +614,8 @@ def run_child(lib, case, threads, *, min_time=0.5, check=True, pythonpath=(), ti
     """
     spec = json.dumps({"lib": lib, "case": case, "threads": threads,
                        "min_time": min_time, "check": check})
-    # Run this file by path: the child must not import fastattn unless it is
-    # the fastattn child (its OpenMP runtime would disturb torch's).
-    code = f"import runpy; runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')"
     try:
-        proc = _python(code, ("--child", spec), threads=threads, pythonpath=pythonpath, timeout=timeout)
+        proc = _python(RUN_THIS_FILE, ("--child", spec), threads=threads, pythonpath=pythonpath, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
     lines = proc.stdout.strip().splitlines()
@@ -571,60 +647,10 @@ def fmt_time(seconds):
     return f"{seconds:.1f} s"
 
 
-# ---------------------------------------------------------------------------
-# `python -m fastattn bench`: a quick look at a few shapes
-# ---------------------------------------------------------------------------
-
-QUICK_CASES = [c for c in STANDARD_CASES
-               if c["id"] in ("prefill", "causal", "decode", "batch", "tiny", "softmax")]
-
-
-def quick_bench(threads=None, min_time=0.3, stream=sys.stdout, progress=sys.stderr):
-    """Time fastattn against NumPy (and torch, when installed), one process each.
-
-    Prints a Markdown table; returns the list of result rows.
-    """
-    import fastattn
-    threads = threads or fastattn.get_num_threads()
-    # The fastattn children must import the same fastattn as this process.
-    path = [os.path.dirname(os.path.dirname(os.path.abspath(fastattn.__file__)))]
-    have_torch = library_available("torch")
-    rows = []
-    for case in QUICK_CASES:
-        libs = ["fastattn", "numpy" if case["kind"] == "attention" else "scipy"]
-        if case["kind"] == "softmax" and not library_available("scipy"):
-            libs.pop()
-        if have_torch:
-            libs.append("torch")
-        res = {}
-        for lib in libs:
-            print(f"  {case['id']} ({describe(case)}): {lib} ...", end="", file=progress, flush=True)
-            res[lib] = run_child(lib, case, threads, min_time=min_time, pythonpath=path)
-            print(" " + (fmt_time(res[lib].get("seconds")) if "error" not in res[lib]
-                         else "failed: " + res[lib]["error"]), file=progress, flush=True)
-        rows.append((case, res))
-    base_name = "NumPy / SciPy"
-    print(f"\nfastattn {getattr(fastattn, '__version__', '?')}, {threads} thread(s)"
-          + ("" if have_torch else "; torch not installed, skipped") + "\n", file=stream)
-    print(f"| case | shape | fastattn | {base_name} | speed-up vs NumPy | torch | torch / fastattn | max err |",
-          file=stream)
-    print("|---|---|---:|---:|---:|---:|---:|---:|", file=stream)
-    for case, res in rows:
-        fa = res["fastattn"].get("seconds")
-        base = (res.get("numpy") or res.get("scipy") or {}).get("seconds")
-        tt = res.get("torch", {}).get("seconds")
-        err = res["fastattn"].get("max_err")
-        print(f"| {case['id']} | {describe(case)} | {fmt_time(fa)} | {fmt_time(base)} | {_ratio(base, fa)} | "
-              f"{fmt_time(tt) if have_torch else 'n/a'} | {_ratio(tt, fa)} | "
-              f"{'—' if err is None else f'{err:.1e}'} |", file=stream)
-    return rows
-
-
-def _ratio(a, b):
-    return f"{a / b:.2f}×" if a and b else "—"
-
-
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--child":
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] in ("--child", "--worker"):
     _spec = json.loads(sys.argv[2])
-    print(json.dumps(child_main(_spec["lib"], _spec.get("case"), _spec["threads"],
-                                _spec["min_time"], _spec["check"])))
+    if sys.argv[1] == "--child":      # one measurement (bench/compare.py)
+        print(json.dumps(child_main(_spec["lib"], _spec.get("case"), _spec["threads"],
+                                    _spec["min_time"], _spec["check"])))
+    else:                             # a long-lived worker (fastattn bench)
+        worker_main(_spec["lib"], _spec["threads"])
