@@ -342,8 +342,45 @@ def effective_num_threads() -> int:
 def set_num_threads(n: Optional[int]) -> None:
     """Set the process-wide number of threads for fastattn calls.
 
-    ``None`` restores the default (:func:`effective_num_threads`).  An active
-    ``with fastattn.threads(...)`` block in a thread still takes precedence there.
+    Parameters
+    ----------
+    n : int or None
+        Threads for every later call that passes no ``num_threads=`` (values
+        above the CPU count are allowed: oversubscription is the caller's
+        choice).  ``None`` restores the default: the smallest of
+        ``OMP_NUM_THREADS``, the CPUs this process may run on (affinity and
+        cgroup quota) and the OpenMP runtime's ``omp_get_max_threads()``,
+        which ``threadpoolctl.threadpool_limits(n, user_api="openmp")`` lowers.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    TypeError
+        ``n`` is not an int (a bool, a float or a string).
+    ValueError
+        ``n < 1`` or ``n >= 2**31``.
+
+    See Also
+    --------
+    get_num_threads : The thread count a call would use now.
+    threads : The same for a ``with`` block of the calling Python thread.
+
+    Notes
+    -----
+    A call's own ``num_threads=`` and an active ``with fastattn.threads(...)``
+    block of the calling thread take precedence over this setting.  Results do
+    not depend on the thread count.
+
+    Examples
+    --------
+    >>> import fastattn
+    >>> fastattn.set_num_threads(1)
+    >>> fastattn.get_num_threads()
+    1
+    >>> fastattn.set_num_threads(None)     # back to the default
     """
     global _global_num_threads
     value = None if n is None else _check_num_threads(n)
@@ -362,7 +399,33 @@ def _current_setting() -> int:
 
 
 def get_num_threads() -> int:
-    """Number of threads a fastattn call with ``num_threads=None`` would use now."""
+    """Number of threads a fastattn call with ``num_threads=None`` would use now.
+
+    Returns
+    -------
+    int
+        The innermost active :func:`threads` block's count in the calling
+        Python thread, else the :func:`set_num_threads` setting, else the
+        default (the smallest of ``OMP_NUM_THREADS``, the usable CPUs and
+        ``omp_get_max_threads()``).  1 in a forked child whose OpenMP pool
+        could not be released before the fork.
+
+    See Also
+    --------
+    set_num_threads, threads
+
+    Examples
+    --------
+    >>> import fastattn
+    >>> n = fastattn.get_num_threads()
+    >>> n >= 1
+    True
+    >>> with fastattn.threads(2):
+    ...     fastattn.get_num_threads()
+    2
+    >>> fastattn.get_num_threads() == n
+    True
+    """
     if _forked_single_threaded:
         return 1
     return _current_setting()
@@ -372,9 +435,44 @@ def get_num_threads() -> int:
 def threads(n: Optional[int]) -> Iterator[int]:
     """Temporarily use ``n`` threads in the calling Python thread.
 
-    ``with fastattn.threads(4): ...`` -- restores the previous value on exit, even on
-    error.  ``threads(None)`` temporarily restores the default inside an outer block.
-    Yields the thread count that calls inside the block will use.
+    Parameters
+    ----------
+    n : int or None
+        Threads for the fastattn calls made inside the ``with`` block by this
+        Python thread (calls that pass ``num_threads=`` still use their own).
+        ``None`` restores the default inside an outer block.
+
+    Returns
+    -------
+    context manager
+        Entering it yields the thread count that calls inside the block will
+        use; leaving it restores the previous value, even on error.  Blocks
+        nest, and blocks in different Python threads neither see nor clobber
+        each other; threads started inside a block do not inherit it.
+
+    Raises
+    ------
+    TypeError
+        ``n`` is not an int (a bool, a float or a string).
+    ValueError
+        ``n < 1`` or ``n >= 2**31``.
+
+    See Also
+    --------
+    set_num_threads : The process-wide setting.
+    get_num_threads : The thread count a call would use now.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import fastattn
+    >>> x = np.random.default_rng(0).standard_normal((4, 1000))
+    >>> with fastattn.threads(1) as n:
+    ...     w = fastattn.softmax(x)       # runs on one thread
+    ...     print(n, fastattn.get_num_threads())
+    1 1
+    >>> print(np.allclose(w.sum(axis=-1), 1.0))
+    True
     """
     value = None if n is None else _check_num_threads(n)
     prev = getattr(_tls, "override", None)
