@@ -273,6 +273,10 @@ def show_config(file: Optional[TextIO] = None) -> str:
     str
         The text printed.
 
+    See Also
+    --------
+    get_num_threads : The thread count alone.
+
     Examples
     --------
     >>> import io

@@ -192,6 +192,10 @@ A row that sees no key gives 0, and lse -inf:
 
 SOFTMAX = """Max-stabilised softmax along ``axis``: ``exp(x - max) / sum(exp(x - max))``.
 
+Each slice along ``axis`` becomes non-negative weights that sum to 1; the
+larger an entry, the larger its weight.  Subtracting the slice's maximum first
+changes nothing in exact arithmetic and keeps ``exp`` from overflowing.
+
 Parameters
 ----------
 x : array_like
@@ -263,7 +267,11 @@ Integers compute in float64:
 [0.25 0.25 0.25 0.25]
 """
 
-LOG_SOFTMAX = """``log(softmax(x))`` along ``axis``, computed stably as ``x - max - log(sum(exp(x - max)))``.
+LOG_SOFTMAX = """``log(softmax(x))`` along ``axis``, computed stably.
+
+The result is ``x - max - log(sum(exp(x - max)))`` per slice: no softmax is
+formed and then logged, so entries whose weight underflows to 0 keep their
+finite log-probability.
 
 Parameters
 ----------
@@ -305,8 +313,7 @@ fastattn.reference.log_softmax : The float64 NumPy specification.
 Notes
 -----
 A slice that is entirely ``-inf`` gives ``-inf`` (no NaN, no warning);
-``+inf`` or NaN in a slice gives NaN in that slice only.  Large negative
-entries keep their precision: there is no ``log`` of an underflowed softmax.
+``+inf`` or NaN in a slice gives NaN in that slice only.
 
 Examples
 --------

@@ -342,6 +342,9 @@ def effective_num_threads() -> int:
 def set_num_threads(n: Optional[int]) -> None:
     """Set the process-wide number of threads for fastattn calls.
 
+    Applies to every Python thread, from the next call on, to the calls that
+    pass no ``num_threads=`` and run outside a :func:`threads` block.
+
     Parameters
     ----------
     n : int or None
@@ -355,6 +358,7 @@ def set_num_threads(n: Optional[int]) -> None:
     Returns
     -------
     None
+        Nothing: the setting is kept until the next call of this function.
 
     Raises
     ------
@@ -401,6 +405,10 @@ def _current_setting() -> int:
 def get_num_threads() -> int:
     """Number of threads a fastattn call with ``num_threads=None`` would use now.
 
+    The answer depends on the calling Python thread (its :func:`threads`
+    blocks) and on the moment: the default follows ``OMP_NUM_THREADS``, the
+    CPU affinity and threadpoolctl limits as they change.
+
     Returns
     -------
     int
@@ -412,7 +420,8 @@ def get_num_threads() -> int:
 
     See Also
     --------
-    set_num_threads, threads
+    set_num_threads : Change the process-wide setting.
+    threads : Change it for a ``with`` block of the calling Python thread.
 
     Examples
     --------
@@ -435,6 +444,10 @@ def get_num_threads() -> int:
 def threads(n: Optional[int]) -> Iterator[int]:
     """Temporarily use ``n`` threads in the calling Python thread.
 
+    A context manager: ``with fastattn.threads(4): ...``.  Meant for a part of
+    a program (a test, a server's worker thread) that wants its own thread
+    count without touching the process-wide setting.
+
     Parameters
     ----------
     n : int or None
@@ -442,13 +455,14 @@ def threads(n: Optional[int]) -> Iterator[int]:
         Python thread (calls that pass ``num_threads=`` still use their own).
         ``None`` restores the default inside an outer block.
 
-    Returns
-    -------
-    context manager
-        Entering it yields the thread count that calls inside the block will
-        use; leaving it restores the previous value, even on error.  Blocks
-        nest, and blocks in different Python threads neither see nor clobber
-        each other; threads started inside a block do not inherit it.
+    Yields
+    ------
+    int
+        The thread count that calls inside the block will use (the ``as``
+        target).  Leaving the block restores the previous value, even on
+        error.  Blocks nest, and blocks in different Python threads neither
+        see nor clobber each other; threads started inside a block do not
+        inherit it.
 
     Raises
     ------

@@ -93,6 +93,9 @@ def _rowwise(x, axis, fn):
 def softmax(x, axis=-1):
     """Softmax of ``x`` along ``axis``, in float64 (the specification of :func:`fastattn.softmax`).
 
+    Computed as ``exp(x - max) / sum(exp(x - max))`` per slice, with NumPy
+    operations on float64 copies.
+
     Parameters
     ----------
     x : array_like
@@ -115,6 +118,11 @@ def softmax(x, axis=-1):
         None.
     ValueError
         ``axis`` out of range, or an int ``axis`` for a 0-d ``x``.
+
+    See Also
+    --------
+    fastattn.softmax : The compiled implementation.
+    log_softmax : The log-softmax reference.
 
     Examples
     --------
@@ -159,6 +167,11 @@ def log_softmax(x, axis=-1):
         None.
     ValueError
         ``axis`` out of range, or an int ``axis`` for a 0-d ``x``.
+
+    See Also
+    --------
+    fastattn.log_softmax : The compiled implementation.
+    softmax : The softmax reference.
 
     Examples
     --------
@@ -326,6 +339,11 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         ``kv_lengths`` outside ``[0, Lk]``; a negative window side;
         ``softcap <= 0``; a non-finite ``scale`` or ``softcap``; an unknown
         ``causal`` string.
+
+    See Also
+    --------
+    fastattn.attention : The compiled implementation.
+    merge_attention : Combine results over disjoint key sets.
 
     Notes
     -----
@@ -496,6 +514,11 @@ def merge_attention(outs, lses):
     ValueError
         No parts; a different number of ``outs`` and ``lses``; shapes that do
         not match.
+
+    See Also
+    --------
+    fastattn.merge_attention : The compiled implementation.
+    attention : The attention reference.
 
     Examples
     --------

@@ -15,7 +15,8 @@ import pytest
 import fastattn
 from fastattn import reference
 
-# name -> (object, sections it must have beyond Returns and Examples)
+# name -> (object, sections it must have beyond Returns (Yields for the context
+# manager) and Examples)
 PUBLIC = {
     "fastattn.attention": (fastattn.attention, ("Parameters", "Raises")),
     "fastattn.softmax": (fastattn.softmax, ("Parameters", "Raises")),
@@ -65,7 +66,8 @@ def test_docstring_sections(name):
     doc = inspect.getdoc(obj)
     assert doc, f"{name} has no docstring"
     found = sections(doc)
-    for title in ("Returns", "Examples") + required:
+    returns = "Yields" if obj is fastattn.threads else "Returns"
+    for title in (returns, "Examples") + required:
         assert title in found and found[title].strip(), f"{name}: no {title} section"
     params = [p for p in inspect.signature(obj).parameters if p != "self"]
     if params:
