@@ -257,7 +257,38 @@ def _format(cfg: Dict[str, Any]) -> str:
 def show_config(file: Optional[TextIO] = None) -> str:
     """Print fastattn's build and runtime configuration; also return it as a string.
 
-    ``file`` defaults to ``sys.stdout``.  Include this output in bug reports.
+    Shows the versions (fastattn, Python, NumPy), the kernel variant in use and
+    the variants built, the CPU features seen, the OpenMP runtimes loaded (with
+    a warning when there are several) and the thread settings.  Include this
+    output in bug reports (``fastattn info`` prints it too).
+
+    Parameters
+    ----------
+    file : file-like, optional
+        Where to print (anything with a ``write`` method).  Default
+        ``sys.stdout``.
+
+    Returns
+    -------
+    str
+        The text printed.
+
+    See Also
+    --------
+    get_num_threads : The thread count alone.
+
+    Examples
+    --------
+    >>> import io
+    >>> import fastattn
+    >>> buf = io.StringIO()
+    >>> text = fastattn.show_config(file=buf)
+    >>> text == buf.getvalue()
+    True
+    >>> print(text.splitlines()[0] == "fastattn " + fastattn.__version__)
+    True
+    >>> "variant in use" in text
+    True
     """
     text = _format(get_config())
     out = sys.stdout if file is None else file

@@ -3,73 +3,387 @@
 Kept apart from the code: ``fastattn.attention`` is a compiled function whose
 docstring is assigned at import (``fastattn._api``), and the argument path that
 implements these functions is compiled too.  Each docstring's Examples run as
-doctests in CI.
+doctests (``tests/test_docstrings.py``, and ``sphinx -b doctest`` in CI).
 """
 
 ATTENTION = """Exact scaled dot-product attention, ``softmax(q @ kᵀ * scale + ...) @ v``.
 
+Computes, for every query row, a softmax over the scores of the keys it may
+see and the weighted sum of their values, streaming over the keys (an online
+softmax): the ``(..., Lq, Lk)`` score matrix is never built.  Every option is
+defined by :func:`fastattn.reference.attention`, which does build it.
+
 Parameters
 ----------
 q : array_like, shape (..., Lq, Dk)
+    Queries.  At least 2-D; the leading dims are batch dims (for example
+    ``(B, H)``).
 k : array_like, shape (..., Lk, Dk)
+    Keys: the same last dimension ``Dk`` as ``q``.
 v : array_like, shape (..., Lk, Dv)
-    Leading (batch) dims broadcast by NumPy rules without copies.  When the
-    head axis (-3) of ``q`` is g > 1 times that of ``k``/``v`` (one key/value
-    head included), query head h uses key/value head h // g (grouped- and
-    multi-query attention): each key and value is read once for its group.
+    Values: as many rows ``Lk`` as ``k``; ``Dv`` may differ from ``Dk``.
+    The batch dims of ``q``, ``k`` and ``v`` broadcast by NumPy rules, as
+    stride-0 views (nothing is copied).  When the head axis (-3) of ``q`` is
+    ``g > 1`` times that of ``k`` and ``v`` (which share a head count; one
+    key/value head included), query head ``h`` uses key/value head
+    ``h // g``: grouped-query and multi-query attention, as torch's
+    ``enable_gqa``, reading each key and value once for its group.
 scale : float, optional
-    Multiplies the scores; default ``1 / sqrt(Dk)``.
-causal : {False, True, "top_left", "bottom_right"}
-    ``True``/"top_left": query i sees keys j <= i.  "bottom_right": query i
-    sees keys j <= i + Lk_eff - Lq (KV-cache alignment).
-mask : bool array broadcastable to (..., Lq, Lk), optional
-    True where a query may attend to a key.
-bias : float array broadcastable to (..., Lq, Lk), optional
-    Added to the (scaled, soft-capped) scores.
-window : int or (left, right), optional
-    Key j is visible iff p(i) - left <= j <= p(i) + right (None = unbounded).
-kv_lengths : int array broadcastable to the batch dims, optional
-    Keys j >= length are invisible.
-softcap : float > 0, optional
-    Scores s become softcap * tanh(s / softcap) before bias and masking.
-alibi_slopes : float array broadcastable to the batch dims, optional
-    Adds -slope * |p(i) - j| to each score.
-return_weights, return_lse : bool
-    Also return the attention weights (..., Lq, Lk) and the log-sum-exp of
-    each row (..., Lq).
+    Multiplies ``q @ kᵀ``.  Default ``1 / sqrt(Dk)`` (1 when ``Dk`` is 0).
+causal : {False, True, "top_left", "bottom_right"}, optional
+    ``True`` or ``"top_left"``: query ``i`` sees keys ``j <= i`` (torch's
+    ``is_causal``).  ``"bottom_right"``: query ``i`` sees keys
+    ``j <= i + Lk_eff - Lq``, the alignment of new queries against a KV cache
+    (flash-attn's), where ``Lk_eff`` is the row's number of valid keys
+    (``Lk``, or its ``kv_lengths`` entry).  Default False (``None`` too).
+mask : array_like of bool, broadcastable to (..., Lq, Lk), optional
+    ``True`` where a query may attend to a key (the torch/JAX convention).
+    A 1-D mask is one entry per key (a padding mask).
+bias : array_like, broadcastable to (..., Lq, Lk), optional
+    Added to the scaled (and soft-capped) scores, in the compute dtype.
+window : int or (int or None, int or None), optional
+    Sliding window: key ``j`` is visible to query ``i`` iff
+    ``p(i) - left <= j <= p(i) + right``, where ``p(i)`` is the query's
+    diagonal position (``i``, or ``i + Lk_eff - Lq`` with
+    ``causal="bottom_right"``).  An int ``w`` means ``(w, w)``; ``None`` for a
+    side leaves it unbounded.  Default None (no window).
+kv_lengths : array_like of int, broadcastable to the batch dims, optional
+    Number of valid keys per batch element (e.g. shape ``(B, 1)`` or
+    ``(B, H)``): keys ``j >= kv_lengths[b]`` are invisible, whatever they hold.
+    Each length must lie in ``[0, Lk]``.
+softcap : float, optional
+    Soft capping: each scaled score ``s`` becomes
+    ``softcap * tanh(s / softcap)`` before the bias and masking.  Must be
+    finite and > 0.
+alibi_slopes : array_like, broadcastable to the batch dims, optional
+    ALiBi: adds ``-slope * |p(i) - j|`` to each score (shape ``(H,)`` or
+    ``(B, H)``).
+return_weights : bool, optional
+    Also return the attention weights (the softmax rows).  Costs about twice
+    the time of the output alone, and ``Lq * Lk`` elements of memory.
+return_lse : bool, optional
+    Also return the log-sum-exp of each row's visible scores, the quantity
+    :func:`merge_attention` needs.
 out : ndarray, optional
-    Written in place and returned; exactly the result's shape and dtype.
+    Where to write the output: a writeable array of exactly the output's
+    shape and dtype, not overlapping an input.  Written and returned.
 num_threads : int, optional
-    Threads for this call (default: ``fastattn.get_num_threads()``).
+    Threads for this call (default: :func:`fastattn.get_num_threads`).
+    Results are bit-identical for any thread count.
 
 Returns
 -------
-out, or the tuple (out, weights, lse) with only the parts asked for.
-A query row that sees no key gives output 0, weights 0 and lse -inf.
+out : ndarray, shape (..., Lq, Dv)
+    The attention output; the whole result when neither ``return_weights``
+    nor ``return_lse`` is set, else the first item of the tuple
+    ``(out, weights, lse)`` holding the parts asked for, in that order.
+    ``...`` is the broadcast batch shape (with the
+    query head count for grouped heads).  Its dtype: float32 and float64
+    inputs compute and return natively; float16 is computed in float32 and
+    returned as float16; integer and bool inputs compute in float64; mixed
+    inputs promote like ``np.result_type(q, k, v)`` (float32 with float16
+    gives float32, float32 with float64 gives float64).
+weights : ndarray, shape (..., Lq, Lk)
+    Only with ``return_weights=True``: the weights, in the output dtype.
+lse : ndarray, shape (..., Lq)
+    Only with ``return_lse=True``: each row's log-sum-exp, in the compute
+    dtype (float32 for float32 or float16 results, float64 otherwise).
+
+Raises
+------
+TypeError
+    An array of a complex, object, string, bytes or datetime dtype; a
+    ``mask`` that is not boolean; ``kv_lengths`` that are not integers;
+    ``scale``, ``softcap``, ``window`` or ``causal`` of the wrong type; ``out``
+    that is not an ndarray or has the wrong dtype (byte order included);
+    ``num_threads`` that is not an int; an option passed positionally.
+ValueError
+    ``q``, ``k`` or ``v`` with fewer than 2 dims; ``Dk`` of ``q`` and ``k``
+    or ``Lk`` of ``k`` and ``v`` that differ; batch dims that do not
+    broadcast (including a query head count that is not a multiple of the
+    key/value head count); ``mask``, ``bias``, ``kv_lengths`` or
+    ``alibi_slopes`` that do not broadcast; ``kv_lengths`` outside
+    ``[0, Lk]``; a negative window side; ``softcap <= 0``; a non-finite
+    ``scale`` or ``softcap``; an unknown ``causal`` string; ``out`` with the
+    wrong shape, read-only, with zero strides or overlapping an input;
+    ``num_threads < 1``.  Every message names the argument.
+MemoryError
+    The outputs or the per-thread workspace cannot be allocated.
+
+See Also
+--------
+fastattn.reference.attention : The float64 NumPy specification.
+merge_attention : Combine results computed over disjoint key sets.
+softmax : The softmax alone.
+
+Notes
+-----
+Scores are built in this order: ``s = scale * q @ kᵀ``; the softcap; ``+ bias``;
+the ALiBi term; then every key the row may not see (causal, window, mask,
+``kv_lengths``) is ``-inf``.  Options intersect.
+
+A row that sees no key (fully masked, an empty window, ``kv_lengths`` 0,
+``Lk = 0``) gives output 0, weights 0 and lse ``-inf``: never NaN, never a
+warning.  Values of keys a row cannot see never reach it, even if they are
+inf or NaN (an uninitialised KV-cache slot behind ``kv_lengths`` is
+harmless).  NaN or inf inside ``q``, ``k`` or ``v`` propagate to the rows that
+see them.
+
+Inputs are never written.  Any strides are read in place (transposed views,
+negative strides, read-only and memory-mapped arrays); copies are made only to
+convert a dtype (float16, integers, mixed or big-endian inputs) or for
+misaligned data.  Extra memory is one small workspace per thread, never
+``Lq * Lk``.
+
+Examples
+--------
+The query of the word "it" against the keys of "trophy", "suitcase" and "it",
+whose raw dot products are 16, 8 and 0 with 64-wide vectors:
+
+>>> import numpy as np
+>>> import fastattn
+>>> q = np.full((1, 64), 0.5)                     # one query
+>>> k = np.zeros((3, 64))
+>>> k[0] = 0.5                                    # q . k0 = 16
+>>> k[1, :32] = 0.5                               # q . k1 = 8
+>>> k[2] = np.where(np.arange(64) % 2 == 0, 0.5, -0.5)   # q . k2 = 0
+>>> v = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+>>> out, weights = fastattn.attention(q, k, v, return_weights=True)
+>>> print(np.round(weights, 6))                   # softmax([16, 8, 0] / 8)
+[[0.665241 0.244728 0.090031]]
+>>> print(np.round(out, 6))
+[[0.755272 0.334759]]
+
+Batches of heads, causal, float32 in and out:
+
+>>> rng = np.random.default_rng(0)
+>>> q, k, v = (rng.standard_normal((2, 4, 16, 32), dtype=np.float32) for _ in range(3))
+>>> out = fastattn.attention(q, k, v, causal=True)
+>>> print(out.shape, out.dtype)
+(2, 4, 16, 32) float32
+>>> want = fastattn.reference.attention(q, k, v, causal=True)
+>>> print(np.allclose(out, want, atol=1e-5))
+True
+
+Grouped-query attention (8 query heads, 2 key/value heads) in a decode step:
+one new query per head against a preallocated cache of which 5 slots are
+filled:
+
+>>> q = rng.standard_normal((1, 8, 1, 32))
+>>> k_cache = np.zeros((1, 2, 16, 32))
+>>> v_cache = np.zeros((1, 2, 16, 32))
+>>> k_cache[:, :, :5] = rng.standard_normal((1, 2, 5, 32))
+>>> v_cache[:, :, :5] = rng.standard_normal((1, 2, 5, 32))
+>>> out, lse = fastattn.attention(q, k_cache, v_cache, kv_lengths=np.array([5]),
+...                               causal="bottom_right", return_lse=True)
+>>> print(out.shape, lse.shape)
+(1, 8, 1, 32) (1, 8, 1)
+>>> k5, v5 = np.repeat(k_cache[:, :, :5], 4, axis=1), np.repeat(v_cache[:, :, :5], 4, axis=1)
+>>> print(np.allclose(out, fastattn.attention(q, k5, v5)))
+True
+
+A row that sees no key gives 0, and lse -inf:
+
+>>> out, lse = fastattn.attention(np.ones((1, 4)), np.ones((2, 4)), np.ones((2, 3)),
+...                               mask=np.zeros(2, dtype=bool), return_lse=True)
+>>> print(out, lse)
+[[0. 0. 0.]] [-inf]
 """
 
-SOFTMAX = """Max-stabilised softmax along ``axis`` (an int, or None for the whole array).
+SOFTMAX = """Max-stabilised softmax along ``axis``: ``exp(x - max) / sum(exp(x - max))``.
 
-    A slice that is entirely -inf gives zeros; +inf or NaN in a slice gives NaN
-    in that slice only.  float32/float64 are computed natively, float16 in
-    float32, integers and bools in float64.
-    """
+Each slice along ``axis`` becomes non-negative weights that sum to 1; the
+larger an entry, the larger its weight.  Subtracting the slice's maximum first
+changes nothing in exact arithmetic and keeps ``exp`` from overflowing.
 
-LOG_SOFTMAX = """``log(softmax(x))`` computed stably as ``x - max - log(sum(exp(x - max)))``.
+Parameters
+----------
+x : array_like
+    Input of any shape and strides (read in place, never written).
+axis : int or None, optional
+    The axis along which the entries sum to 1 (negative counts from the end),
+    or None for the whole array.  Default -1.
+out : ndarray, optional
+    Where to write the result: a writeable array of exactly ``x``'s shape and
+    the result's dtype, not overlapping ``x``.  Written and returned.
+num_threads : int, optional
+    Threads for this call (default: :func:`fastattn.get_num_threads`).
+    Inputs of up to 32768 elements run on the calling thread.
 
-    A slice that is entirely -inf gives -inf; +inf or NaN gives NaN.
-    """
+Returns
+-------
+ndarray
+    The softmax, of ``x``'s shape and, along an axis, of ``x``'s memory
+    layout (as a NumPy ufunc: a Fortran-ordered input gives a
+    Fortran-ordered result).  Its dtype: float32 and float64 compute and
+    return natively; float16 is computed in float32 and returned as float16;
+    integers and bools compute and return in float64.
+
+Raises
+------
+TypeError
+    ``x`` of a complex, object or string dtype; ``axis`` that is neither an
+    int nor None; ``out`` that is not an ndarray or has the wrong dtype;
+    ``num_threads`` that is not an int.
+ValueError
+    ``axis`` out of range (``numpy.exceptions.AxisError``, a ValueError);
+    ``out`` with the wrong shape, read-only or overlapping ``x``;
+    ``num_threads < 1``.
+
+See Also
+--------
+log_softmax : ``log(softmax(x))``, computed stably.
+fastattn.reference.softmax : The float64 NumPy specification.
+
+Notes
+-----
+A slice that is entirely ``-inf`` gives zeros (no NaN, no warning); ``+inf``
+or NaN in a slice gives NaN in that slice only.  Along an axis that is not the
+contiguous one of a dense array the vector lanes run across the contiguous
+axis, so no slice is gathered element by element.
+
+Examples
+--------
+The scaled scores of the seed lesson, ``[16, 8, 0] / sqrt(64)``:
+
+>>> import numpy as np
+>>> import fastattn
+>>> print(np.round(fastattn.softmax(np.array([16.0, 8.0, 0.0]) / 8), 6))
+[0.665241 0.244728 0.090031]
+
+Along the first axis of a float32 array; a fully masked row:
+
+>>> x = np.array([[0.0, 1.0], [0.0, 2.0]], dtype=np.float32)
+>>> w = fastattn.softmax(x, axis=0)
+>>> print(np.round(w, 4), w.dtype)
+[[0.5    0.2689]
+ [0.5    0.7311]] float32
+>>> print(fastattn.softmax(np.array([-np.inf, -np.inf])))
+[0. 0.]
+
+Integers compute in float64:
+
+>>> print(fastattn.softmax(np.array([1, 1, 1, 1])))
+[0.25 0.25 0.25 0.25]
+"""
+
+LOG_SOFTMAX = """``log(softmax(x))`` along ``axis``, computed stably.
+
+The result is ``x - max - log(sum(exp(x - max)))`` per slice: no softmax is
+formed and then logged, so entries whose weight underflows to 0 keep their
+finite log-probability.
+
+Parameters
+----------
+x : array_like
+    Input of any shape and strides (read in place, never written).
+axis : int or None, optional
+    The axis of the softmax (negative counts from the end), or None for the
+    whole array.  Default -1.
+out : ndarray, optional
+    Where to write the result: a writeable array of exactly ``x``'s shape and
+    the result's dtype, not overlapping ``x``.  Written and returned.
+num_threads : int, optional
+    Threads for this call (default: :func:`fastattn.get_num_threads`).
+
+Returns
+-------
+ndarray
+    The log-softmax, of ``x``'s shape (and, along an axis, memory layout).
+    Its dtype follows :func:`softmax`: float32 and float64 native, float16
+    computed in float32 and returned as float16, integers and bools in
+    float64.
+
+Raises
+------
+TypeError
+    ``x`` of a complex, object or string dtype; ``axis`` that is neither an
+    int nor None; ``out`` that is not an ndarray or has the wrong dtype;
+    ``num_threads`` that is not an int.
+ValueError
+    ``axis`` out of range (``numpy.exceptions.AxisError``, a ValueError);
+    ``out`` with the wrong shape, read-only or overlapping ``x``;
+    ``num_threads < 1``.
+
+See Also
+--------
+softmax : The softmax itself.
+fastattn.reference.log_softmax : The float64 NumPy specification.
+
+Notes
+-----
+A slice that is entirely ``-inf`` gives ``-inf`` (no NaN, no warning);
+``+inf`` or NaN in a slice gives NaN in that slice only.
+
+Examples
+--------
+>>> import numpy as np
+>>> import fastattn
+>>> print(np.round(fastattn.log_softmax(np.array([16.0, 8.0, 0.0]) / 8), 6))
+[-0.407606 -1.407606 -2.407606]
+>>> print(fastattn.log_softmax(np.array([0.0, -1000.0])))
+[    0. -1000.]
+"""
 
 MERGE_ATTENTION = """Combine attention results computed over disjoint sets of keys.
 
-    Parameters
-    ----------
-    outs : sequence of arrays (..., Lq, Dv)
-        Each part's (normalised) attention output.
-    lses : sequence of arrays (..., Lq)
-        Each part's log-sum-exp (``attention(..., return_lse=True)``).
+If the keys of one attention problem are split into parts (chunks of a long
+cache, other processes or machines) and each part's output and log-sum-exp are
+computed with ``attention(..., return_lse=True)``, this gives the output and
+log-sum-exp over the union of the keys:
+``lse = logaddexp(lse_1, ..., lse_n)`` and
+``out = sum_i exp(lse_i - lse) * out_i``.
 
-    Returns
-    -------
-    (out, lse) over the union of the keys.  Rows that no part saw stay 0 / -inf.
-    """
+Parameters
+----------
+outs : sequence of array_like, each of shape (..., Lq, Dv)
+    Each part's (normalised) attention output; all of one shape.
+lses : sequence of array_like, each of shape (..., Lq)
+    Each part's log-sum-exp, in the same order as ``outs``.
+
+Returns
+-------
+out : ndarray, shape (..., Lq, Dv)
+    The attention output over all the parts' keys, in the compute dtype of
+    the inputs: float32 when every input is float32 or float16, float64
+    otherwise.
+lse : ndarray, shape (..., Lq)
+    Its log-sum-exp, in the same dtype.
+
+Raises
+------
+TypeError
+    An input of a complex, object or string dtype.
+ValueError
+    No parts; a different number of ``outs`` and ``lses``; outputs of
+    different shapes; an output whose shape is not its lse's shape plus one
+    axis.
+
+See Also
+--------
+attention : Produces the parts (with ``return_lse=True``).
+fastattn.reference.merge_attention : The float64 NumPy specification.
+
+Notes
+-----
+Stable with empty parts: a part whose row saw no key (lse ``-inf``, output 0)
+contributes nothing, and a row that no part saw stays 0 with lse ``-inf``.  A
+NaN lse makes its row NaN.
+
+Examples
+--------
+Attention over 10 keys, computed as two parts of 6 and 4 keys and merged:
+
+>>> import numpy as np
+>>> import fastattn
+>>> rng = np.random.default_rng(1)
+>>> q = rng.standard_normal((3, 8))
+>>> k = rng.standard_normal((10, 8))
+>>> v = rng.standard_normal((10, 4))
+>>> o1, l1 = fastattn.attention(q, k[:6], v[:6], return_lse=True)
+>>> o2, l2 = fastattn.attention(q, k[6:], v[6:], return_lse=True)
+>>> out, lse = fastattn.merge_attention([o1, o2], [l1, l2])
+>>> whole, whole_lse = fastattn.attention(q, k, v, return_lse=True)
+>>> print(np.allclose(out, whole), np.allclose(lse, whole_lse))
+True True
+"""

@@ -342,8 +342,49 @@ def effective_num_threads() -> int:
 def set_num_threads(n: Optional[int]) -> None:
     """Set the process-wide number of threads for fastattn calls.
 
-    ``None`` restores the default (:func:`effective_num_threads`).  An active
-    ``with fastattn.threads(...)`` block in a thread still takes precedence there.
+    Applies to every Python thread, from the next call on, to the calls that
+    pass no ``num_threads=`` and run outside a :func:`threads` block.
+
+    Parameters
+    ----------
+    n : int or None
+        Threads for every later call that passes no ``num_threads=`` (values
+        above the CPU count are allowed: oversubscription is the caller's
+        choice).  ``None`` restores the default: the smallest of
+        ``OMP_NUM_THREADS``, the CPUs this process may run on (affinity and
+        cgroup quota) and the OpenMP runtime's ``omp_get_max_threads()``,
+        which ``threadpoolctl.threadpool_limits(n, user_api="openmp")`` lowers.
+
+    Returns
+    -------
+    None
+        Nothing: the setting is kept until the next call of this function.
+
+    Raises
+    ------
+    TypeError
+        ``n`` is not an int (a bool, a float or a string).
+    ValueError
+        ``n < 1`` or ``n >= 2**31``.
+
+    See Also
+    --------
+    get_num_threads : The thread count a call would use now.
+    threads : The same for a ``with`` block of the calling Python thread.
+
+    Notes
+    -----
+    A call's own ``num_threads=`` and an active ``with fastattn.threads(...)``
+    block of the calling thread take precedence over this setting.  Results do
+    not depend on the thread count.
+
+    Examples
+    --------
+    >>> import fastattn
+    >>> fastattn.set_num_threads(1)
+    >>> fastattn.get_num_threads()
+    1
+    >>> fastattn.set_num_threads(None)     # back to the default
     """
     global _global_num_threads
     value = None if n is None else _check_num_threads(n)
@@ -362,7 +403,38 @@ def _current_setting() -> int:
 
 
 def get_num_threads() -> int:
-    """Number of threads a fastattn call with ``num_threads=None`` would use now."""
+    """Number of threads a fastattn call with ``num_threads=None`` would use now.
+
+    The answer depends on the calling Python thread (its :func:`threads`
+    blocks) and on the moment: the default follows ``OMP_NUM_THREADS``, the
+    CPU affinity and threadpoolctl limits as they change.
+
+    Returns
+    -------
+    int
+        The innermost active :func:`threads` block's count in the calling
+        Python thread, else the :func:`set_num_threads` setting, else the
+        default (the smallest of ``OMP_NUM_THREADS``, the usable CPUs and
+        ``omp_get_max_threads()``).  1 in a forked child whose OpenMP pool
+        could not be released before the fork.
+
+    See Also
+    --------
+    set_num_threads : Change the process-wide setting.
+    threads : Change it for a ``with`` block of the calling Python thread.
+
+    Examples
+    --------
+    >>> import fastattn
+    >>> n = fastattn.get_num_threads()
+    >>> n >= 1
+    True
+    >>> with fastattn.threads(2):
+    ...     fastattn.get_num_threads()
+    2
+    >>> fastattn.get_num_threads() == n
+    True
+    """
     if _forked_single_threaded:
         return 1
     return _current_setting()
@@ -372,9 +444,49 @@ def get_num_threads() -> int:
 def threads(n: Optional[int]) -> Iterator[int]:
     """Temporarily use ``n`` threads in the calling Python thread.
 
-    ``with fastattn.threads(4): ...`` -- restores the previous value on exit, even on
-    error.  ``threads(None)`` temporarily restores the default inside an outer block.
-    Yields the thread count that calls inside the block will use.
+    A context manager: ``with fastattn.threads(4): ...``.  Meant for a part of
+    a program (a test, a server's worker thread) that wants its own thread
+    count without touching the process-wide setting.
+
+    Parameters
+    ----------
+    n : int or None
+        Threads for the fastattn calls made inside the ``with`` block by this
+        Python thread (calls that pass ``num_threads=`` still use their own).
+        ``None`` restores the default inside an outer block.
+
+    Yields
+    ------
+    int
+        The thread count that calls inside the block will use (the ``as``
+        target).  Leaving the block restores the previous value, even on
+        error.  Blocks nest, and blocks in different Python threads neither
+        see nor clobber each other; threads started inside a block do not
+        inherit it.
+
+    Raises
+    ------
+    TypeError
+        ``n`` is not an int (a bool, a float or a string).
+    ValueError
+        ``n < 1`` or ``n >= 2**31``.
+
+    See Also
+    --------
+    set_num_threads : The process-wide setting.
+    get_num_threads : The thread count a call would use now.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import fastattn
+    >>> x = np.random.default_rng(0).standard_normal((4, 1000))
+    >>> with fastattn.threads(1) as n:
+    ...     w = fastattn.softmax(x)       # runs on one thread
+    ...     print(n, fastattn.get_num_threads())
+    1 1
+    >>> print(np.allclose(w.sum(axis=-1), 1.0))
+    True
     """
     value = None if n is None else _check_num_threads(n)
     prev = getattr(_tls, "override", None)

@@ -91,9 +91,47 @@ def _rowwise(x, axis, fn):
 
 
 def softmax(x, axis=-1):
-    """Softmax of ``x`` along ``axis`` (an int, negative allowed, or None = whole array).
+    """Softmax of ``x`` along ``axis``, in float64 (the specification of :func:`fastattn.softmax`).
 
-    An all ``-inf`` slice gives zeros; a slice containing ``+inf``/``NaN`` gives NaN.
+    Computed as ``exp(x - max) / sum(exp(x - max))`` per slice, with NumPy
+    operations on float64 copies.
+
+    Parameters
+    ----------
+    x : array_like
+        A real numeric or boolean array.
+    axis : int or None, optional
+        The axis along which the result sums to 1 (negative counts from the
+        end), or None for the whole array.  Default -1.
+
+    Returns
+    -------
+    ndarray of float64
+        The softmax, of ``x``'s shape.  An all ``-inf`` slice gives zeros; a
+        slice containing ``+inf`` or NaN gives NaN.  No floating-point
+        warnings.
+
+    Raises
+    ------
+    TypeError
+        ``x`` of a complex, object or string dtype; ``axis`` not an int or
+        None.
+    ValueError
+        ``axis`` out of range, or an int ``axis`` for a 0-d ``x``.
+
+    See Also
+    --------
+    fastattn.softmax : The compiled implementation.
+    log_softmax : The log-softmax reference.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> print(np.round(reference.softmax(np.array([16.0, 8.0, 0.0]) / 8), 6))
+    [0.665241 0.244728 0.090031]
+    >>> print(reference.softmax([-np.inf, -np.inf]))
+    [0. 0.]
     """
 
     def fn(a):
@@ -103,9 +141,44 @@ def softmax(x, axis=-1):
 
 
 def log_softmax(x, axis=-1):
-    """Log-softmax of ``x`` along ``axis``.
+    """Log-softmax of ``x`` along ``axis``, in float64 (the specification of :func:`fastattn.log_softmax`).
 
-    An all ``-inf`` slice stays all ``-inf``; a slice containing ``+inf``/``NaN`` gives NaN.
+    Computed as ``(x - max) - log(sum(exp(x - max)))``, which avoids the
+    cancellation of ``x - lse``.
+
+    Parameters
+    ----------
+    x : array_like
+        A real numeric or boolean array.
+    axis : int or None, optional
+        The axis of the softmax (negative counts from the end), or None for
+        the whole array.  Default -1.
+
+    Returns
+    -------
+    ndarray of float64
+        The log-softmax, of ``x``'s shape.  An all ``-inf`` slice stays all
+        ``-inf``; a slice containing ``+inf`` or NaN gives NaN.
+
+    Raises
+    ------
+    TypeError
+        ``x`` of a complex, object or string dtype; ``axis`` not an int or
+        None.
+    ValueError
+        ``axis`` out of range, or an int ``axis`` for a 0-d ``x``.
+
+    See Also
+    --------
+    fastattn.log_softmax : The compiled implementation.
+    softmax : The softmax reference.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> print(np.round(reference.log_softmax([2.0, 1.0, 0.0]), 6))
+    [-0.407606 -1.407606 -2.407606]
     """
 
     def fn(a):
@@ -203,14 +276,95 @@ def _broadcast_arg(a, shape, name, what):
 def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
               kv_lengths=None, softcap=None, alibi_slopes=None,
               return_weights=False, return_lse=False):
-    """Exact scaled dot-product attention (reference, float64).
+    """Exact scaled dot-product attention in float64: the specification of :func:`fastattn.attention`.
 
-    Shapes: ``q (..., Lq, Dk)``, ``k (..., Lk, Dk)``, ``v (..., Lk, Dv)``; leading
-    (batch) dims broadcast by NumPy rules; output ``(..., Lq, Dv)``.  See the module
-    docstring and the project README for the meaning of every option.
+    Builds the whole masked score matrix ``(..., Lq, Lk)``: obviously correct,
+    not fast.  Takes the same arguments as :func:`fastattn.attention` but
+    ``out`` and ``num_threads``.
 
-    Returns ``out``, or a tuple ``(out, weights, lse)`` restricted to the parts
-    requested with ``return_weights`` / ``return_lse`` (in that order).
+    Parameters
+    ----------
+    q : array_like, shape (..., Lq, Dk)
+        Queries (at least 2-D; leading dims are batch dims).
+    k : array_like, shape (..., Lk, Dk)
+        Keys.
+    v : array_like, shape (..., Lk, Dv)
+        Values.  Batch dims broadcast by NumPy rules; when the head axis (-3)
+        of ``q`` is a multiple ``g > 1`` of ``k``'s and ``v``'s, query head
+        ``h`` uses key/value head ``h // g`` (grouped-query attention).
+    scale : float, optional
+        Multiplies ``q @ kᵀ``; default ``1 / sqrt(Dk)`` (1 when ``Dk`` is 0).
+    causal : {False, True, "top_left", "bottom_right"}, optional
+        ``True``/``"top_left"``: query ``i`` sees keys ``j <= i``.
+        ``"bottom_right"``: query ``i`` sees keys ``j <= i + Lk_eff - Lq``,
+        ``Lk_eff`` being the row's number of valid keys.
+    mask : array_like of bool, broadcastable to (..., Lq, Lk), optional
+        ``True`` where a query may attend to a key.
+    bias : array_like, broadcastable to (..., Lq, Lk), optional
+        Added to the scaled, soft-capped scores.
+    window : int or (int or None, int or None), optional
+        Key ``j`` is visible iff ``p(i) - left <= j <= p(i) + right``, where
+        ``p(i)`` is ``i``, or ``i + Lk_eff - Lq`` with
+        ``causal="bottom_right"``; ``None`` leaves a side unbounded.
+    kv_lengths : array_like of int, broadcastable to the batch dims, optional
+        Keys ``j >= kv_lengths[b]`` are invisible; each length in ``[0, Lk]``.
+    softcap : float, optional
+        Scaled scores ``s`` become ``softcap * tanh(s / softcap)``.
+    alibi_slopes : array_like, broadcastable to the batch dims, optional
+        Adds ``-slope * |p(i) - j|`` to each score.
+    return_weights : bool, optional
+        Also return the weights ``(..., Lq, Lk)``.
+    return_lse : bool, optional
+        Also return each row's log-sum-exp ``(..., Lq)``.
+
+    Returns
+    -------
+    out : ndarray of float64, shape (..., Lq, Dv)
+        The output; the whole result when neither flag is set, else the first
+        item of the tuple ``(out, weights, lse)`` holding the parts asked for.
+    weights : ndarray of float64, shape (..., Lq, Lk)
+        Only with ``return_weights=True``.
+    lse : ndarray of float64, shape (..., Lq)
+        Only with ``return_lse=True``.
+
+    Raises
+    ------
+    TypeError
+        A complex, object or string array; a non-boolean ``mask``;
+        non-integer ``kv_lengths``; ``scale``, ``softcap``, ``window`` or
+        ``causal`` of the wrong type.
+    ValueError
+        Fewer than 2 dims; mismatched ``Dk`` or ``Lk``; batch dims, ``mask``,
+        ``bias``, ``kv_lengths`` or ``alibi_slopes`` that do not broadcast;
+        ``kv_lengths`` outside ``[0, Lk]``; a negative window side;
+        ``softcap <= 0``; a non-finite ``scale`` or ``softcap``; an unknown
+        ``causal`` string.
+
+    See Also
+    --------
+    fastattn.attention : The compiled implementation.
+    merge_attention : Combine results over disjoint key sets.
+
+    Notes
+    -----
+    Scores are built as ``s = scale * q @ kᵀ``, then the softcap, ``+ bias``,
+    the ALiBi term, and ``-inf`` for every invisible key.  A row with no
+    visible key gives output 0, weights 0 and lse ``-inf``.  Values of
+    invisible keys never contribute, even when they are inf or NaN.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> q = np.ones((2, 4))
+    >>> k = np.ones((2, 4))
+    >>> v = np.array([[1.0, 0.0], [0.0, 1.0]])
+    >>> print(reference.attention(q, k, v))                 # equal scores: the mean
+    [[0.5 0.5]
+     [0.5 0.5]]
+    >>> print(reference.attention(q, k, v, causal=True))    # row 0 sees key 0 only
+    [[1.  0. ]
+     [0.5 0.5]]
     """
     q = _as_f64(q, "q")
     k = _as_f64(k, "k")
@@ -332,12 +486,49 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
 
 # --------------------------------------------------------------------------- merge
 def merge_attention(outs, lses):
-    """Combine attention results computed over disjoint key sets.
+    """Combine attention results computed over disjoint key sets, in float64.
 
-    ``outs``: sequence of ``(..., Lq, Dv)`` arrays; ``lses``: matching sequence of
-    ``(..., Lq)`` log-sum-exps.  Returns ``(out, lse)`` with
-    ``lse = logaddexp(lse_1, ..., lse_n)`` and ``out = sum_i exp(lse_i - lse) * out_i``.
-    Rows where every part is empty (lse -inf) give out 0 and lse -inf.
+    The specification of :func:`fastattn.merge_attention`:
+    ``lse = logaddexp(lse_1, ..., lse_n)`` and
+    ``out = sum_i exp(lse_i - lse) * out_i``.
+
+    Parameters
+    ----------
+    outs : sequence of array_like, each of shape (..., Lq, Dv)
+        Each part's normalised attention output; all of one shape.
+    lses : sequence of array_like, each of shape (..., Lq)
+        Each part's log-sum-exp, in the order of ``outs``.
+
+    Returns
+    -------
+    out : ndarray of float64, shape (..., Lq, Dv)
+        The output over the union of the parts' keys.  Rows where every part
+        is empty (lse ``-inf``) give 0.
+    lse : ndarray of float64, shape (..., Lq)
+        Its log-sum-exp (``-inf`` for those rows, NaN where a part's is NaN).
+
+    Raises
+    ------
+    TypeError
+        An input of a complex, object or string dtype.
+    ValueError
+        No parts; a different number of ``outs`` and ``lses``; shapes that do
+        not match.
+
+    See Also
+    --------
+    fastattn.merge_attention : The compiled implementation.
+    attention : The attention reference.
+
+    Examples
+    --------
+    Two parts of one key each, with equal log-sum-exps, weigh equally:
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> out, lse = reference.merge_attention([[[1.0, 0.0]], [[0.0, 1.0]]], [[0.0], [0.0]])
+    >>> print(out, np.round(lse, 6))
+    [[0.5 0.5]] [0.693147]
     """
     outs = [_as_f64(o, "outs") for o in outs]
     lses = [_as_f64(x, "lses") for x in lses]

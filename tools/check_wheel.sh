@@ -167,6 +167,8 @@ RUN="$WORK/run"
 mkdir -p "$RUN"
 cp -a "$ROOT/tests" "$RUN/tests"
 find "$RUN/tests" -name '__pycache__' -prune -exec rm -rf {} +
+# tests/test_readme.py runs the README's snippets and checks its links into docs/
+cp "$ROOT/README.md" "$RUN/" && cp -a "$ROOT/docs" "$RUN/docs" && rm -rf "$RUN/docs/_build"
 cd "$RUN"
 INSTALLED="$("$VPY" -c 'import fastattn, os; print(os.path.dirname(fastattn.__file__))')"
 case "$INSTALLED" in

@@ -2,7 +2,8 @@
 
     python tools/cibw_test.py <project-dir> [extra pytest args...]
 
-Copies ``<project-dir>/tests`` to a temporary directory and runs pytest there, so the
+Copies ``<project-dir>/tests`` (with README.md and docs/, whose snippets and links
+``tests/test_readme.py`` checks) to a temporary directory and runs pytest there, so the
 tests import the installed package, never the source tree.  Runs the suite with the
 default kernel variant and then again with ``FASTATTN_ISA=baseline`` when the default
 is not already the baseline.  Cross-platform (no shell syntax), exits non-zero on any
@@ -26,6 +27,10 @@ def main(argv: list[str]) -> int:
         tests = os.path.join(tmp, "tests")
         shutil.copytree(os.path.join(project, "tests"), tests,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        # tests/test_readme.py runs the README's snippets and checks its links into docs/
+        shutil.copy(os.path.join(project, "README.md"), tmp)
+        shutil.copytree(os.path.join(project, "docs"), os.path.join(tmp, "docs"),
+                        ignore=shutil.ignore_patterns("_build"))
         env = dict(os.environ)
         env.pop("FASTATTN_ISA", None)
         env.pop("PYTHONPATH", None)
