@@ -15,12 +15,13 @@ import operator
 import numpy as np
 
 from . import _dispatch, _docstrings
+from .integrations import any_torch_tensor, torch_attention, torch_softmax
 from ._threads import _check_num_threads as check_num_threads, resolve_num_threads
 
 _K = _dispatch.kernels
 _K.set_thread_resolver(resolve_num_threads)
 
-__all__ = ["attention", "scaled_dot_product_attention", "softmax", "log_softmax", "merge_attention"]
+__all__ = ["attention", "softmax", "log_softmax", "merge_attention"]
 
 
 # ---------------------------------------------------------------- helpers
@@ -184,6 +185,9 @@ def _attention_general(q, k, v, scale=None, causal=False, mask=None, bias=None, 
     (``attention_fast_impl`` in the kernel module: matching float ndarrays,
     options in their plain spellings) declines; the arguments come positionally,
     in this order."""
+    if any_torch_tensor(q, k, v, mask, bias, kv_lengths, alibi_slopes, out):   # tensors in, tensors out
+        return torch_attention(q, k, v, scale, causal, mask, bias, window, kv_lengths, softcap,
+                               alibi_slopes, return_weights, return_lse, out, num_threads)
     q = _as_array(q, "q")
     k = _as_array(k, "k")
     v = _as_array(v, "v")
@@ -289,7 +293,6 @@ _K.set_general_attention(_attention_general)
 attention = _K.attention
 attention.__doc__ = _docstrings.ATTENTION
 attention.__module__ = "fastattn"
-scaled_dot_product_attention = attention
 
 
 # ---------------------------------------------------------------- softmax
@@ -320,6 +323,8 @@ def _softmax_views(xc, res, axis):
 
 
 def _softmax(x, axis, out, num_threads, log_mode, fname):
+    if any_torch_tensor(x, out):   # tensors in, tensors out
+        return torch_softmax(x, axis, out, num_threads, log_mode)
     x = _as_array(x, "x")
     if num_threads is not None:
         check_num_threads(num_threads)

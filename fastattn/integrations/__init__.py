@@ -1,0 +1,40 @@
+"""fastattn with other libraries: :mod:`fastattn.integrations.torch` (tensors in and
+out, a ``torch.autograd.Function``) and :mod:`fastattn.integrations.transformers`
+(an attention backend for Hugging Face transformers).
+
+Importing this package imports neither torch nor transformers; the detector
+below tells the public functions when an argument is a torch tensor without
+importing torch (a tensor cannot exist before torch is imported).
+"""
+import sys
+
+__all__ = []
+
+
+def any_torch_tensor(*args):
+    """True when one of ``args`` is a ``torch.Tensor`` (torch is never imported here)."""
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    if tensor is None:
+        return False
+    for a in args:
+        if isinstance(a, tensor):
+            return True
+    return False
+
+
+def torch_attention(q, k, v, scale, causal, mask, bias, window, kv_lengths, softcap, alibi_slopes,
+                    return_weights, return_lse, out, num_threads):
+    """fastattn.attention for arguments that include a torch tensor (in the order
+    ``fastattn._api._attention_general`` takes them)."""
+    from . import torch as torch_integration
+    return torch_integration.attention(
+        q, k, v, scale=scale, causal=causal, mask=mask, bias=bias, window=window,
+        kv_lengths=kv_lengths, softcap=softcap, alibi_slopes=alibi_slopes,
+        return_weights=return_weights, return_lse=return_lse, out=out, num_threads=num_threads)
+
+
+def torch_softmax(x, axis, out, num_threads, log_mode):
+    """fastattn.softmax / log_softmax for a torch tensor ``x`` (or ``out``)."""
+    from . import torch as torch_integration
+    f = torch_integration.log_softmax if log_mode else torch_integration.softmax
+    return f(x, axis, out=out, num_threads=num_threads)
