@@ -349,3 +349,12 @@ def test_softmax_gradcheck(rng, log_mode):
     for axis in (-1, 0, None):
         assert torch.autograd.gradcheck(lambda x: f(x, axis), (x,))
         assert torch.autograd.gradgradcheck(lambda x: f(x, axis), (x,))
+
+
+def test_docstring_examples():
+    import doctest
+
+    import fastattn._sdpa
+    for module in (fastattn._sdpa, fat):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
