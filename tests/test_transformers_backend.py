@@ -169,6 +169,21 @@ def test_one_decomposition_per_mask(monkeypatch):
     m[0, 0, 3, 0] = False
     second = fa_hf.mask_options(m, 4, True, None)
     assert first == {"causal": True} and set(second) == {"mask"}
+    # a full mask is not held by the cache: the next call reads the tensor again
+    again = fa_hf.mask_options(m, 4, True, None)
+    assert again["mask"].ctypes.data == m.data_ptr() and len(calls) == 3
+
+
+def test_inference_mode():
+    """Inference tensors (no version counter: their masks are not cached) give the same logits."""
+    model = _model("mistral")
+    ids, mask = _inputs(True)
+    want = _logits(model, "sdpa", ids, mask)
+    model.set_attn_implementation("fastattn")
+    with torch.inference_mode():
+        got = model(input_ids=ids, attention_mask=mask).logits.double()
+    real = mask.bool()
+    assert rms_rel_err(got[real].numpy(), want[real].numpy()) < 1e-5
 
 
 def test_float16_model_error_is_sdpas():

@@ -57,7 +57,8 @@ class _MaskOptionsCache:
     """The options of the last few mask tensors.  transformers builds a mask once
     per forward pass and hands the same tensor to every layer: decompose it once.
     An entry is used only for the very same tensor object (a weak reference),
-    unchanged since (its version counter, data pointer, shape and strides)."""
+    unchanged since (its version counter, data pointer, shape and strides).
+    Inference-mode tensors have no version counter: they are not cached."""
 
     def __init__(self, size=4):
         self._size = size
@@ -65,20 +66,25 @@ class _MaskOptionsCache:
 
     @staticmethod
     def _key(mask, hints):
+        if mask.is_inference():
+            return None
         return (mask._version, mask.data_ptr(), tuple(mask.shape), mask.stride(), hints)
 
     def get(self, mask, hints):
         key = self._key(mask, hints)
         for ref, k, options in self._entries:
-            if ref() is mask and k == key:
+            if key is not None and ref() is mask and k == key:
                 return options
         return None
 
     def put(self, mask, hints, options):
-        self._entries = [(weakref.ref(mask), self._key(mask, hints), options)] + self._entries[:self._size - 1]
+        key = self._key(mask, hints)
+        if key is not None:
+            self._entries = [(weakref.ref(mask), key, options)] + self._entries[:self._size - 1]
 
 
 _cache = _MaskOptionsCache()
+_FULL_MASK = "the mask itself"      # cached for masks that no cheaper option set reproduces
 
 
 def mask_options(attention_mask, q_length, is_causal, sliding_window):
@@ -95,10 +101,14 @@ def mask_options(attention_mask, q_length, is_causal, sliding_window):
         return {"bias": attention_mask}
     hints = (bool(is_causal), sliding_window)
     options = _cache.get(attention_mask, hints)
-    if options is None:
-        array = torch_integration._tensor_to_array(attention_mask, "attention_mask")
-        options = _mask_decomposition.decompose(array, is_causal=is_causal, sliding_window=sliding_window)
-        _cache.put(attention_mask, hints, options)
+    if options is not None and options is not _FULL_MASK:
+        return options
+    array = torch_integration._tensor_to_array(attention_mask, "attention_mask")
+    if options is _FULL_MASK:
+        return {"mask": array}
+    options = _mask_decomposition.decompose(array, is_causal=is_causal, sliding_window=sliding_window)
+    # the cache keeps small arrays only, never a view of a full mask (it would keep the mask alive)
+    _cache.put(attention_mask, hints, _FULL_MASK if options.get("mask") is array else options)
     return options
 
 
