@@ -8,6 +8,8 @@ importing torch (a tensor cannot exist before torch is imported).
 """
 import sys
 
+import numpy as np
+
 __all__ = []
 
 
@@ -17,7 +19,8 @@ def any_torch_tensor(*args):
     if tensor is None:
         return False
     for a in args:
-        if isinstance(a, tensor):
+        # None and ndarrays, the usual arguments, skip torch's (slower) isinstance
+        if a is not None and type(a) is not np.ndarray and isinstance(a, tensor):
             return True
     return False
 
