@@ -28,6 +28,7 @@ True
 import numpy as np
 import torch
 
+import fastattn     # fastattn.attention_backward (issue 25), looked up when a backward runs
 from .. import _api, _sdpa
 
 __all__ = ["attention", "scaled_dot_product_attention", "softmax", "log_softmax", "AttentionFunction"]
@@ -140,9 +141,10 @@ def _attention_with_grad(q, k, v, options):
     return_lse = bool(options.pop("return_lse", False))
     bias = options.pop("bias", None)
     fixed = {name: _tensor_to_array(value, name) for name, value in options.items()}
-    unknown = set(fixed) - set(_BACKWARD_OPTIONS)
+    unknown = sorted(set(fixed) - set(_BACKWARD_OPTIONS))
     if unknown:
-        raise TypeError(f"attention() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+        raise TypeError(f"attention() got an unexpected keyword argument {unknown[0]!r} (or one that "
+                        f"fastattn.attention_backward does not take, with gradients needed)")
     out, lse, weights = AttentionFunction.apply(q, k, v, bias, fixed, return_weights)
     parts = (out,) + ((weights,) if return_weights else ()) + ((lse,) if return_lse else ())
     return parts if len(parts) > 1 else out
@@ -178,7 +180,6 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, grad_lse, grad_weights):
-        import fastattn    # fastattn.attention_backward: the public function (issue 25)
         *saved, out, lse = ctx.saved_tensors
         names = ("q", "k", "v", "bias")
         q, k, v, bias = (a if t is None else _tensor_to_array(t, n)
