@@ -1,7 +1,6 @@
 """attn_implementation="fastattn" in Hugging Face transformers: random-init Llama-,
 Mistral- (sliding window) and Gemma2-shaped (softcap) models from small configs
 (no downloads) give the logits and greedy generations of the built-in backends."""
-import numpy as np
 import pytest
 
 from fa_testutil import rms_rel_err
