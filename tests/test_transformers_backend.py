@@ -233,3 +233,19 @@ def test_docstring_examples():
     import doctest
     result = doctest.testmod(fa_hf)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_float_masks_and_position_bias_as_sdpa():
+    """A float mask and a position bias (T5-style models) are added to the scores, as sdpa does."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 5, 16, generator=g) for _ in range(3))
+    module = torch.nn.Module()
+    float_mask = torch.randn(2, 1, 5, 5, generator=g)
+    bias = torch.randn(1, 4, 5, 5, generator=g)
+    bool_mask = torch.rand(2, 1, 5, 5, generator=g) < 0.7
+    bool_mask[..., 0] = True
+    for mask, position_bias in ((float_mask, None), (None, bias), (float_mask, bias), (bool_mask, bias)):
+        want, _ = sdpa_attention_forward(module, q, k, v, mask, position_bias=position_bias, is_causal=False)
+        got, _ = fa_hf.attention_forward(module, q, k, v, mask, position_bias=position_bias, is_causal=False)
+        assert rms_rel_err(got.numpy(), want.numpy()) < 1e-5
