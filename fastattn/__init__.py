@@ -4,14 +4,14 @@
     >>> q = k = v = np.random.rand(1, 8, 128, 64).astype(np.float32)
     >>> out = fastattn.attention(q, k, v, causal=True)
 
-Public API: :func:`attention` (alias :func:`scaled_dot_product_attention`),
-:func:`softmax`, :func:`log_softmax`, :func:`merge_attention`, thread control
+Public API: :func:`attention`, :func:`scaled_dot_product_attention` (torch's
+signature), :func:`softmax`, :func:`log_softmax`, :func:`merge_attention`, thread control
 (:func:`set_num_threads`, :func:`get_num_threads`, :func:`threads`),
 :func:`show_config`, and :mod:`fastattn.reference` (the pure-NumPy specification).
 """
 from . import reference
 try:
-    from ._api import attention, log_softmax, merge_attention, scaled_dot_product_attention, softmax
+    from ._api import attention, log_softmax, merge_attention, softmax
 except ImportError as _exc:
     # An unbuilt source checkout (no compiled kernels): say what to run instead.
     from ._unbuilt import raise_if_unbuilt
@@ -19,6 +19,7 @@ except ImportError as _exc:
     raise
 from ._config import get_version as _get_version
 from ._config import show_config
+from ._sdpa import scaled_dot_product_attention
 from ._threads import get_num_threads, set_num_threads, threads
 
 __version__ = _get_version()

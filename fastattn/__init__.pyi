@@ -115,7 +115,31 @@ def attention(
     num_threads: int | None = ...,
 ) -> NDArray[_Float] | tuple[NDArray[_Float], ...]: ...
 
-scaled_dot_product_attention = attention
+# NumPy arrays in: NumPy out; torch tensors in: tensors out
+@overload
+def scaled_dot_product_attention(
+    query: NDArray[Any],
+    key: NDArray[Any],
+    value: NDArray[Any],
+    attn_mask: NDArray[Any] | None = ...,
+    dropout_p: float = ...,
+    is_causal: bool = ...,
+    *,
+    scale: float | None = ...,
+    enable_gqa: bool = ...,
+) -> NDArray[_Float]: ...
+@overload
+def scaled_dot_product_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = ...,
+    dropout_p: float = ...,
+    is_causal: bool = ...,
+    *,
+    scale: float | None = ...,
+    enable_gqa: bool = ...,
+) -> Any: ...
 
 def softmax(
     x: ArrayLike,

@@ -14,16 +14,45 @@ import numpy as np
 
 from . import _dispatch, _docstrings
 from ._threads import _check_num_threads, resolve_num_threads
+from .integrations import any_torch_tensor, torch_attention, torch_softmax
 
 _K = _dispatch.kernels
-_K.set_thread_resolver(resolve_num_threads, _check_num_threads)
 
-__all__ = ["attention", "scaled_dot_product_attention", "softmax", "log_softmax", "merge_attention"]
+__all__ = ["attention", "softmax", "log_softmax", "merge_attention"]
 
+
+def _refuse_masked(args):
+    for name, a in args:
+        if isinstance(a, np.ma.MaskedArray):
+            raise TypeError(f"{name}: masked arrays (numpy.ma) are not supported: their mask would be "
+                            f"ignored; pass the mask as mask= (True = may attend) and the data as "
+                            f"numpy.ma.getdata({name})")
+
+
+def _foreign_attention(q, k, v, options):
+    """attention() for arguments that are not all NumPy arrays: torch tensors give
+    tensors (fastattn.integrations.torch), masked arrays are refused.  Returns
+    NotImplemented for anything else (array-likes), which the compiled argument
+    path then converts.  Called only when an argument is not a plain ndarray."""
+    if any_torch_tensor(q, k, v, *options.values()):
+        return torch_attention(q, k, v, **options)
+    _refuse_masked((("q", q), ("k", k), ("v", v), ("bias", options["bias"]), ("mask", options["mask"])))
+    return NotImplemented
+
+
+def _foreign_softmax(x, axis, out, num_threads, log_mode):
+    """softmax()/log_softmax() for an x or out that is not a plain ndarray (see
+    _foreign_attention)."""
+    if any_torch_tensor(x, out):
+        return torch_softmax(x, axis, out, num_threads, log_mode)
+    _refuse_masked((("x", x),))
+    return NotImplemented
+
+
+_K.set_call_hooks(resolve_num_threads, _check_num_threads, _foreign_attention, _foreign_softmax)
 attention = _K.attention
 softmax = _K.softmax
 log_softmax = _K.log_softmax
-scaled_dot_product_attention = attention
 for _f, _doc in ((attention, _docstrings.ATTENTION), (softmax, _docstrings.SOFTMAX),
                  (log_softmax, _docstrings.LOG_SOFTMAX)):
     _f.__doc__ = _doc

@@ -10,18 +10,27 @@ import math
 import numbers
 import operator
 
-# set by fastattn._api: the thread count of a call (fastattn._threads) and the
-# check of an explicit num_threads
+# set by fastattn._api (set_call_hooks): the thread count of a call
+# (fastattn._threads), the check of an explicit num_threads, and the handlers of
+# arguments that are not NumPy arrays (torch tensors, lazy arrays, masked arrays)
 _thread_resolver = None
 _check_num_threads = None
+_foreign_attention = None
+_foreign_softmax = None
 
 
-def set_thread_resolver(resolver, checker):
-    """The functions calls use to pick their thread count and to check an
-    explicit num_threads (fastattn._threads)."""
-    global _thread_resolver, _check_num_threads
+def set_call_hooks(resolver, checker, foreign_attention, foreign_softmax):
+    """The Python functions the argument path calls out to (see fastattn._api)."""
+    global _thread_resolver, _check_num_threads, _foreign_attention, _foreign_softmax
     _thread_resolver = resolver
     _check_num_threads = checker
+    _foreign_attention = foreign_attention
+    _foreign_softmax = foreign_softmax
+
+
+cdef inline bint plain(x) noexcept:
+    """None or an ndarray itself: an argument no foreign-type handler needs to see."""
+    return x is None or type(x) is cnp.ndarray
 
 
 cdef inline bint behaved_array(cnp.ndarray a) noexcept:

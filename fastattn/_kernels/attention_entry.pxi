@@ -47,6 +47,14 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     cdef Plan P
     cdef int ctype, otype, nbq
     cdef cnp.npy_intp dims[MAXDIM + 2]
+    if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(mask)
+            and plain(bias) and plain(out) and plain(kv_lengths) and plain(alibi_slopes)):
+        result = _foreign_attention(q, k, v, dict(
+            scale=scale, causal=causal, mask=mask, bias=bias, window=window, kv_lengths=kv_lengths,
+            softcap=softcap, alibi_slopes=alibi_slopes, return_weights=return_weights,
+            return_lse=return_lse, out=out, num_threads=num_threads))
+        if result is not NotImplemented:
+            return result
     qa = as_input(q, "q")
     ka = as_input(k, "k")
     va = as_input(v, "v")

@@ -212,8 +212,13 @@ cdef object softmax_call(x, axis, out, num_threads, int log_mode, str fname):
     """softmax / log_softmax of x along axis (an int, or None for the whole array).
     The result takes the input's memory layout (as NumPy ufuncs do), so a slice
     that is contiguous in x is contiguous in the result too."""
-    cdef cnp.ndarray xa = as_input(x, "x"), xc, res
+    cdef cnp.ndarray xa, xc, res
     cdef int ctype, otype, nthreads = 1, ax, t
+    if not (type(x) is cnp.ndarray and plain(out)):
+        result = _foreign_softmax(x, axis, out, num_threads, log_mode)
+        if result is not NotImplemented:
+            return result
+    xa = as_input(x, "x")
     check_num_threads(num_threads)
     t = cnp.PyArray_TYPE(xa)
     if t == cnp.NPY_FLOAT or t == cnp.NPY_DOUBLE:

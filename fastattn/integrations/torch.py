@@ -1,0 +1,258 @@
+"""torch tensors in and out of fastattn, and attention as a ``torch.autograd.Function``.
+
+:func:`fastattn.attention`, :func:`fastattn.softmax`, :func:`fastattn.log_softmax`
+and :func:`fastattn.scaled_dot_product_attention` come here when an argument is
+a torch tensor (this module, and torch, are imported only then).  CPU tensors
+of float32, float64 and float16 are read in place through ``Tensor.numpy()``
+(a view of the tensor's memory, with its strides: no copy), and the results
+come back as tensors that share the result arrays' memory
+(``torch.from_numpy``).  Tensors on another device raise ``TypeError``.
+
+When gradients are needed (grad mode on and ``q``, ``k``, ``v`` or ``bias``
+requiring grad) attention runs as :class:`AttentionFunction`: fastattn's
+forward with ``return_lse=True``, and :func:`fastattn.attention_backward` for
+the backward.  Softmax and log-softmax have their backward in torch operations.
+
+Examples
+--------
+>>> import torch, fastattn
+>>> from fastattn.integrations.torch import attention
+>>> q = torch.randn(1, 4, 8, 16, dtype=torch.float64, requires_grad=True)
+>>> k = v = torch.randn(1, 4, 8, 16, dtype=torch.float64)
+>>> out = attention(q, k, v, causal=True)
+>>> out.shape, out.requires_grad
+(torch.Size([1, 4, 8, 16]), True)
+>>> torch.allclose(fastattn.attention(q.detach(), k, v, causal=True), out)
+True
+"""
+import numpy as np
+import torch
+
+import fastattn     # fastattn.attention_backward (issue 25), looked up when a backward runs
+from .. import _api, _sdpa
+
+__all__ = ["attention", "scaled_dot_product_attention", "softmax", "log_softmax", "AttentionFunction"]
+
+# the attention keywords that the backward needs as the forward had them
+_BACKWARD_OPTIONS = ("scale", "causal", "mask", "window", "kv_lengths", "softcap", "alibi_slopes",
+                     "num_threads")
+
+
+def _tensor_to_array(t, name):
+    """A NumPy view of the CPU tensor ``t`` (detached, same memory and strides);
+    any other value is returned as it is."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.device.type != "cpu":
+        raise TypeError(f"{name}: fastattn computes on the CPU, got a tensor on device '{t.device}' "
+                        f"(move it with {name}.cpu())")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name}: only dense (strided) tensors are supported, got layout {t.layout}")
+    if t.dtype == torch.bfloat16:
+        # bfloat16 goes here: fastattn reads bfloat16 storage as the NumPy dtype
+        # ml_dtypes.bfloat16 (issue 24); the view is then
+        # t.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        raise TypeError(f"{name}: bfloat16 tensors are not supported yet; fastattn reads float16, "
+                        f"float32 and float64 tensors (convert with {name}.float())")
+    try:
+        return t.detach().numpy()
+    except (TypeError, RuntimeError) as e:
+        raise TypeError(f"{name}: a tensor of dtype {t.dtype} cannot be read by fastattn ({e})") from None
+
+
+def _array_to_tensor(a):
+    """A tensor sharing the memory of the ndarray ``a`` (a bfloat16 array, whose
+    dtype NumPy knows from ml_dtypes, becomes a torch.bfloat16 tensor)."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _wrap(result, out_tensor):
+    """fastattn's result (an array or a tuple of arrays) as tensors; the first part
+    is ``out_tensor`` itself when the caller passed one."""
+    parts = result if isinstance(result, tuple) else (result,)
+    first = out_tensor if out_tensor is not None else _array_to_tensor(parts[0])
+    wrapped = (first,) + tuple(_array_to_tensor(p) for p in parts[1:])
+    return wrapped if isinstance(result, tuple) else first
+
+
+def _check_out(out):
+    if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+        raise TypeError("out: fastattn writes out= in place, which autograd cannot record; "
+                        "pass a tensor that does not require grad")
+
+
+# ---------------------------------------------------------------- attention
+
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def attention(q, k, v, **options):
+    """:func:`fastattn.attention` for torch tensors, differentiable.
+
+    Takes the arguments and options of :func:`fastattn.attention`; any of them may
+    be a CPU tensor (or a NumPy array).  The results are tensors sharing memory
+    with fastattn's result arrays.  When grad mode is on and ``q``, ``k``, ``v``
+    or ``bias`` requires grad, the call runs through :class:`AttentionFunction`
+    and the output takes part in autograd (the weights and lse, when asked for,
+    are returned as constants: no gradient flows through them).
+
+    Raises
+    ------
+    TypeError
+        A tensor on a device other than the CPU, a bfloat16 tensor (for now), an
+        ``alibi_slopes`` tensor that requires grad (slopes take no gradient), or
+        ``out=`` where a gradient is needed (autograd cannot record it).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fastattn.integrations.torch import attention
+    >>> q = torch.randn(2, 8, 32, 64, requires_grad=True)
+    >>> k = torch.randn(2, 2, 32, 64, requires_grad=True)
+    >>> v = torch.randn(2, 2, 32, 64, requires_grad=True)
+    >>> attention(q, k, v, causal=True).square().sum().backward()
+    >>> k.grad.shape
+    torch.Size([2, 2, 32, 64])
+    """
+    bias = options.get("bias")
+    if _needs_grad(q, k, v, bias):
+        return _attention_with_grad(q, k, v, options)
+    _check_out(options.get("out"))
+    out_tensor = options.get("out") if isinstance(options.get("out"), torch.Tensor) else None
+    arrays = {name: _tensor_to_array(value, name) for name, value in options.items()}
+    result = _api.attention(_tensor_to_array(q, "q"), _tensor_to_array(k, "k"), _tensor_to_array(v, "v"),
+                            **arrays)
+    return _wrap(result, out_tensor)
+
+
+def _attention_with_grad(q, k, v, options):
+    options = dict(options)
+    if options.pop("out", None) is not None:
+        raise TypeError("out: fastattn writes out= in place, which autograd cannot record; "
+                        "leave out=None when gradients are needed")
+    slopes = options.get("alibi_slopes")
+    if isinstance(slopes, torch.Tensor) and slopes.requires_grad:
+        raise TypeError("alibi_slopes: fastattn computes no gradient for ALiBi slopes; "
+                        "pass alibi_slopes.detach()")
+    return_weights = bool(options.pop("return_weights", False))
+    return_lse = bool(options.pop("return_lse", False))
+    bias = options.pop("bias", None)
+    fixed = {name: _tensor_to_array(value, name) for name, value in options.items()}
+    unknown = sorted(set(fixed) - set(_BACKWARD_OPTIONS))
+    if unknown:
+        raise TypeError(f"attention() got an unexpected keyword argument {unknown[0]!r} (or one that "
+                        f"fastattn.attention_backward does not take, with gradients needed)")
+    out, lse, weights = AttentionFunction.apply(q, k, v, bias, fixed, return_weights)
+    parts = (out,) + ((weights,) if return_weights else ()) + ((lse,) if return_lse else ())
+    return parts if len(parts) > 1 else out
+
+
+class AttentionFunction(torch.autograd.Function):
+    """fastattn's attention as an autograd Function.
+
+    ``AttentionFunction.apply(q, k, v, bias, options, return_weights)`` returns
+    ``(out, lse, weights)`` (``weights`` None unless asked for); ``options`` holds
+    fastattn.attention's other keywords (mask, causal, window, ...) as NumPy
+    arrays or plain values.  Gradients flow to ``q``, ``k``, ``v`` and ``bias``
+    (``fastattn.attention_backward`` with ``return_dbias`` when ``bias`` needs
+    one); ``lse`` and ``weights`` are constants.  Once differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, options, return_weights):
+        inputs = (q, k, v, bias)
+        arrays = [_tensor_to_array(x, name) for x, name in zip(inputs, ("q", "k", "v", "bias"))]
+        result = _api.attention(*arrays[:3], bias=arrays[3], return_lse=True,
+                                return_weights=return_weights, **options)
+        out, lse = _array_to_tensor(result[0]), _array_to_tensor(result[-1])
+        weights = _array_to_tensor(result[1]) if return_weights else None
+        # tensors through save_for_backward (autograd then notices in-place changes
+        # before the backward); NumPy inputs are kept as they are
+        ctx.save_for_backward(*(x if isinstance(x, torch.Tensor) else None for x in inputs), out, lse)
+        ctx.arrays = [None if isinstance(x, torch.Tensor) else a for x, a in zip(inputs, arrays)]
+        ctx.options = options
+        ctx.mark_non_differentiable(lse, *((weights,) if weights is not None else ()))
+        return out, lse, weights
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out, grad_lse, grad_weights):
+        *saved, out, lse = ctx.saved_tensors
+        names = ("q", "k", "v", "bias")
+        q, k, v, bias = (a if t is None else _tensor_to_array(t, n)
+                         for t, a, n in zip(saved, ctx.arrays, names))
+        want_dbias = bias is not None and ctx.needs_input_grad[3]
+        grads = fastattn.attention_backward(
+            _tensor_to_array(grad_out, "grad_out"), q, k, v, _tensor_to_array(out, "out"),
+            _tensor_to_array(lse, "lse"), bias=bias, return_dbias=want_dbias, **ctx.options)
+        tensors = [_array_to_tensor(np.asarray(g)) if need else None
+                   for g, need in zip(grads, ctx.needs_input_grad[:3])]
+        tensors.append(_array_to_tensor(np.asarray(grads[3])) if want_dbias else None)
+        return (*tensors, None, None)
+
+
+# ---------------------------------------------------------------- scaled_dot_product_attention
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 *, scale=None, enable_gqa=False):
+    """:func:`fastattn.scaled_dot_product_attention` for torch tensors (differentiable
+    like :func:`attention`).  The arguments mean what they mean in
+    ``torch.nn.functional.scaled_dot_product_attention``."""
+    if isinstance(attn_mask, torch.Tensor):
+        if attn_mask.dtype == torch.bool:
+            kind = "b"
+        else:
+            kind = "f" if attn_mask.is_floating_point() else str(attn_mask.dtype)
+    else:
+        attn_mask, kind = _sdpa.mask_and_kind(attn_mask)
+    options = _sdpa.sdpa_options(np.shape(query), np.shape(key), np.shape(value), attn_mask, kind,
+                                 dropout_p, is_causal, scale, enable_gqa)
+    return attention(query, key, value, **options)
+
+
+# ---------------------------------------------------------------- softmax
+
+class _SoftmaxFunction(torch.autograd.Function):
+    """fastattn's softmax (or log-softmax) forward; the backward in torch operations
+    on the saved result, so it is differentiable again."""
+
+    @staticmethod
+    def forward(ctx, x, axis, log_mode, num_threads):
+        f = _api.log_softmax if log_mode else _api.softmax
+        y = _array_to_tensor(f(_tensor_to_array(x, "x"), axis, num_threads=num_threads))
+        ctx.save_for_backward(y)
+        ctx.axis, ctx.log_mode = axis, log_mode
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        dims = {} if ctx.axis is None else {"dim": ctx.axis, "keepdim": True}
+        if ctx.log_mode:
+            return g - y.exp() * g.sum(**dims), None, None, None
+        return y * (g - (g * y).sum(**dims)), None, None, None
+
+
+def _softmax(x, axis, out, num_threads, log_mode):
+    if _needs_grad(x):
+        if out is not None:
+            raise TypeError("out: fastattn writes out= in place, which autograd cannot record; "
+                            "leave out=None when gradients are needed")
+        return _SoftmaxFunction.apply(x, axis, log_mode, num_threads)
+    _check_out(out)
+    f = _api.log_softmax if log_mode else _api.softmax
+    result = f(_tensor_to_array(x, "x"), axis, out=_tensor_to_array(out, "out"), num_threads=num_threads)
+    return _wrap(result, out if isinstance(out, torch.Tensor) else None)
+
+
+def softmax(x, axis=-1, *, out=None, num_threads=None):
+    """:func:`fastattn.softmax` for torch tensors, differentiable (same arguments)."""
+    return _softmax(x, axis, out, num_threads, False)
+
+
+def log_softmax(x, axis=-1, *, out=None, num_threads=None):
+    """:func:`fastattn.log_softmax` for torch tensors, differentiable (same arguments)."""
+    return _softmax(x, axis, out, num_threads, True)
