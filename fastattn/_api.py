@@ -14,7 +14,7 @@ import operator
 
 import numpy as np
 
-from . import _dispatch, _docstrings
+from . import _dispatch, _docstrings, _lazy
 from ._threads import _check_num_threads as check_num_threads, resolve_num_threads
 
 _K = _dispatch.kernels
@@ -184,6 +184,11 @@ def _attention_general(q, k, v, scale=None, causal=False, mask=None, bias=None, 
     (``attention_fast_impl`` in the kernel module: matching float ndarrays,
     options in their plain spellings) declines; the arguments come positionally,
     in this order."""
+    if _lazy.any_dask(q, k, v, mask, bias, kv_lengths, alibi_slopes):   # a lazy result (fastattn.dask)
+        return _lazy.call("attention", (q, k, v), dict(
+            scale=scale, causal=causal, mask=mask, bias=bias, window=window, kv_lengths=kv_lengths,
+            softcap=softcap, alibi_slopes=alibi_slopes, return_weights=return_weights,
+            return_lse=return_lse, out=out, num_threads=num_threads))
     q = _as_array(q, "q")
     k = _as_array(k, "k")
     v = _as_array(v, "v")
@@ -320,6 +325,8 @@ def _softmax_views(xc, res, axis):
 
 
 def _softmax(x, axis, out, num_threads, log_mode, fname):
+    if _lazy.any_dask(x):   # a lazy result (fastattn.dask)
+        return _lazy.call(fname, (x,), dict(axis=axis, out=out, num_threads=num_threads))
     x = _as_array(x, "x")
     if num_threads is not None:
         check_num_threads(num_threads)
