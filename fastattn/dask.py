@@ -277,9 +277,8 @@ def _pair_visible(qs, qe, ks, ke, opt, lengths):
 # --------------------------------------------------------------- task bodies
 
 def _merge_parts(parts):
-    # in float64: the merge tree then adds no float32 rounding of its own
-    return _api.merge_attention([p[0].astype(np.float64, copy=False) for p in parts],
-                                [p[1].astype(np.float64, copy=False) for p in parts])
+    # in the compute dtype: a float64 copy of each part would cost more than the merge
+    return _api.merge_attention([p[0] for p in parts], [p[1] for p in parts])
 
 
 def _no_key(bshape, lq, dv, cdt):
