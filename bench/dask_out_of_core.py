@@ -74,8 +74,8 @@ def main(argv=None):
     import fastattn.dask
 
     shape = (1, args.heads, args.keys, args.dim)
-    chunks = ((1,), (args.heads,), tuple(min(args.chunk, args.keys - s) for s in range(0, args.keys, args.chunk)),
-              (args.dim,))
+    key_chunks = tuple(min(args.chunk, args.keys - s) for s in range(0, args.keys, args.chunk))
+    chunks = ((1,), (args.heads,), key_chunks, (args.dim,))
     kv_bytes = np.prod(shape) * 4
     q = np.random.default_rng(args.seed).standard_normal((1, args.heads, 1, args.dim), dtype=np.float32)
     with distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,

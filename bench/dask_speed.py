@@ -75,15 +75,18 @@ def main(argv=None):
 
     rng = np.random.default_rng(27)
     arrays = [rng.standard_normal(SHAPE, dtype=np.float32) for _ in range(3)]
-    in_memory = {case: _median_time(lambda: fastattn.attention(*arrays, causal=(case == "causal"), num_threads=2),
-                                    args.repeats) for case in cases}
+    in_memory = {}
+    for case in cases:
+        in_memory[case] = _median_time(
+            lambda: fastattn.attention(*arrays, causal=(case == "causal"), num_threads=2), args.repeats)
     one = _on_cluster(1, arrays, cases, args.repeats)
     two = _on_cluster(2, arrays, cases, args.repeats)
     print(f"q, k, v {SHAPE} float32, chunks of {CHUNK} queries x {CHUNK} keys; median of {args.repeats}")
     print(f"{'case':8} {'in-memory 2 thr':>16} {'1 worker':>10} {'2 workers':>10} "
           f"{'2w / 1w':>8} {'2w / in-mem':>12}")
     for case in cases:
-        print(f"{case:8} {in_memory[case] * 1e3:13.1f} ms {one[case] * 1e3:7.1f} ms {two[case] * 1e3:7.1f} ms "
+        print(f"{case:8} {in_memory[case] * 1e3:13.1f} ms {one[case] * 1e3:7.1f} ms "
+              f"{two[case] * 1e3:7.1f} ms "
               f"{one[case] / two[case]:7.2f}x {in_memory[case] / two[case]:11.2f}x")
     print("targets (issue 27): 2w / 1w >= 1.6, 2w / in-mem >= 0.7 (speed relative to in-memory)")
     return 0

@@ -35,8 +35,9 @@ def main():
     client = Client(LocalCluster(n_workers=2, threads_per_worker=1))   # <- Client("tcp://scheduler:8786")
     print(client)
     batch = 4
-    k, v = (da.map_blocks(cache_chunk, which, chunks=((1,) * batch, (HEADS,), (CHUNK,) * (POSITIONS // CHUNK), (DIM,)),
-                          dtype=np.float32, meta=np.empty((0,) * 4, np.float32)) for which in (0, 1))
+    chunks = ((1,) * batch, (HEADS,), (CHUNK,) * (POSITIONS // CHUNK), (DIM,))
+    k, v = (da.map_blocks(cache_chunk, which, chunks=chunks, dtype=np.float32,
+                          meta=np.empty((0,) * 4, np.float32)) for which in (0, 1))
     k, v = client.persist(k), client.persist(v)      # the cache lives on the workers
     lengths = np.array([[5000], [40000], [90000], [131072]])
 
@@ -48,7 +49,8 @@ def main():
     decoded = out.compute()
 
     # prefill: the last sequence's final 1024 positions attend causally to its whole cache
-    qp = da.random.default_rng(1).standard_normal((1, HEADS, 1024, DIM), chunks=(1, HEADS, 256, DIM)).astype(np.float32)
+    qp = da.random.default_rng(1).standard_normal((1, HEADS, 1024, DIM), chunks=(1, HEADS, 256, DIM))
+    qp = qp.astype(np.float32)
     prefill, lse = fastattn.dask.attention(qp, k[3:], v[3:], causal="bottom_right", return_lse=True)
     prefill = prefill.compute()
     print(f"decode out {decoded.shape}, prefill out {prefill.shape}")

@@ -121,7 +121,8 @@ def _join_keys(a, b):
 
 
 def _join_rows(a, b):
-    """Two results over consecutive query rows stacked into one."""
+    """Two results over consecutive query rows stacked into one (rows are axis -2 of out
+    and weights, axis -1 of lse, which is second)."""
     return tuple(np.concatenate([x, y], axis=-1 if i == 1 else -2) for i, (x, y) in enumerate(zip(a, b)))
 
 

@@ -124,9 +124,9 @@ def _small(x):
     return np.asarray(x)
 
 
-def _zeros_like_shape(x, shape=None):
-    """A NumPy stand-in of x's dtype (zero-strided, no memory) for argument checks."""
-    return np.broadcast_to(np.zeros((), x.dtype), x.shape if shape is None else shape)
+def _stand_in(x):
+    """A NumPy stand-in of x's shape and dtype (zero-strided, no memory) for argument checks."""
+    return np.broadcast_to(np.zeros((), x.dtype), x.shape)
 
 
 def _validate(q, k, v, mask, bias, lengths, slopes, kwargs):
@@ -146,8 +146,8 @@ def _validate(q, k, v, mask, bias, lengths, slopes, kwargs):
         np.zeros(k.shape[:-2] + (0, k.shape[-1]), k.dtype),
         np.zeros(v.shape[:-2] + (0, v.shape[-1]), v.dtype),
         mask=seq(mask), bias=seq(bias),
-        kv_lengths=None if lengths is None else _zeros_like_shape(lengths),
-        alibi_slopes=None if slopes is None else _zeros_like_shape(slopes),
+        kv_lengths=None if lengths is None else _stand_in(lengths),
+        alibi_slopes=None if slopes is None else _stand_in(slopes),
         return_lse=True, **kwargs)
     if lengths is not None and not isinstance(lengths, da.Array):
         check_lengths(lengths, Lk)
@@ -348,7 +348,6 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     _check_shapes(q, k, v)
     Lq, Dk = q.shape[-2:]
     Lk, Dv = v.shape[-2:]
-    kvb = k.shape[:-2], v.shape[:-2]
     options = dict(scale=scale, causal=causal, window=window, softcap=softcap,
                    return_weights=return_weights, num_threads=num_threads)
     lengths, slopes = _small(kv_lengths), _small(alibi_slopes)
@@ -367,7 +366,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
                       softcap=softcap, weights=bool(return_weights), num_threads=num_threads, cdt=cdt)
 
     # chunks: batch dims unified, D single chunks, keys of k and v unified
-    g = head_groups(q.shape[:-2], *kvb)
+    g = head_groups(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     g_align = g if g > 1 and k.shape[-3] > 1 else 1      # one key/value head: broadcast
     batch = _Batch(bshape, g_align)
     lazy_small = [(x, x.ndim) for x in (lengths, slopes) if isinstance(x, da.Array)]
@@ -470,12 +469,14 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         wtasks = {}
         for (bidx, qi), seen in pairs.items():
             bshape_blk = tuple(c[i] for c, i in zip(batch.chunks, bidx))
+            seen_set = set(seen)
             for ki in range(len(k_chunks)):
-                if ki in seen:
+                if ki in seen_set:
                     wtasks[bidx + (qi, ki)] = (partial(_final_weights, odt=odt),
                                                (core_name,) + bidx + (qi, ki), merged[bidx, qi])
                 else:
-                    wtasks[bidx + (qi, ki)] = (partial(np.zeros, bshape_blk + (q_chunks[qi], k_chunks[ki]), odt),)
+                    shape = bshape_blk + (q_chunks[qi], k_chunks[ki])
+                    wtasks[bidx + (qi, ki)] = (partial(np.zeros, shape, odt),)
         parts.append(collection("fastattn-attention-weights", wtasks, bchunks + (q_chunks, k_chunks), odt))
     if return_lse:
         parts.append(collection(

@@ -20,8 +20,6 @@ import fastattn  # noqa: E402
 import fastattn.dask as fdask  # noqa: E402
 from fastattn import _chunk_attention as chunk  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 @pytest.fixture(scope="module")
 def client():
@@ -94,8 +92,8 @@ def _random_case(rng):
 
 def _partial_tasks(x):
     """The number of (query chunk, key chunk) attention tasks in x's graph."""
-    return sum(1 for key in dict(x.__dask_graph__())
-               if isinstance(key, tuple) and key[0].startswith(fdask.PARTIAL_NAME) and isinstance(key[-1], int))
+    return sum(1 for key in dict(x.__dask_graph__()) if isinstance(key, tuple)
+               and key[0].startswith(fdask.PARTIAL_NAME) and isinstance(key[-1], int))
 
 
 def _visible_set(q_chunks, k_chunks, **kw):
@@ -184,12 +182,15 @@ def test_shapes_and_dtypes(client):
         ((ints, ints, ints), dict()),
         ((q4, kv1[..., :0, :], kv1[..., :0, :]), dict()),       # Lk = 0: zeros, lse -inf
         ((q4, kv1, kv1), dict(num_threads=2)),
+        ((x2, x2, x2), dict(bias=da.from_array(np.linspace(-1, 1, 40), chunks=15), window=[4, None],
+                            kv_lengths=30, causal=np.bool_(True))),
     ]
     lazies = []
     for (q, k, v), kw in cases:
         lq = _lazy(rng, q) if q.ndim > 2 or rng.random() < 0.5 else q
         lazies.append(fdask.attention(lq, _lazy(rng, k), _lazy(rng, v), return_lse=True, **kw))
     for ((q, k, v), kw), got in zip(cases, client.compute(lazies, sync=True)):
+        kw = {name: x.compute() if isinstance(x, da.Array) else x for name, x in kw.items()}
         for a, b in zip(got, fastattn.attention(q, k, v, return_lse=True, **kw)):
             _check(a, b)
 
@@ -345,8 +346,9 @@ def test_import_fastattn_does_not_import_dask_and_missing_dask_is_a_clear_error(
             "    assert \"pip install 'fastattn[dask]'\" in str(e), e\n"
             "else:\n"
             "    raise AssertionError('no ImportError')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + sys.path))
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(fastattn.__file__)))   # this fastattn
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + sys.path))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=here)
 
 
 def test_task_threads_default_one_unless_set_on_the_worker(client):
