@@ -12,7 +12,7 @@ misaligned data.
 """
 import numpy as np
 
-from . import _dispatch, _docstrings
+from . import _dispatch, _docstrings, _lazy
 from ._threads import _check_num_threads, resolve_num_threads
 from .integrations import any_torch_tensor, torch_attention, torch_softmax
 
@@ -30,10 +30,13 @@ def _refuse_masked(args):
 
 
 def _foreign_attention(q, k, v, options):
-    """attention() for arguments that are not all NumPy arrays: torch tensors give
-    tensors (fastattn.integrations.torch), masked arrays are refused.  Returns
+    """attention() for arguments that are not all NumPy arrays: dask arrays give a
+    lazy result (fastattn.dask), torch tensors give tensors
+    (fastattn.integrations.torch), masked arrays are refused.  Returns
     NotImplemented for anything else (array-likes), which the compiled argument
     path then converts.  Called only when an argument is not a plain ndarray."""
+    if _lazy.any_dask(q, k, v, *options.values()):
+        return _lazy.call("attention", (q, k, v), options)
     if any_torch_tensor(q, k, v, *options.values()):
         return torch_attention(q, k, v, **options)
     _refuse_masked((("q", q), ("k", k), ("v", v), ("bias", options["bias"]), ("mask", options["mask"])))
@@ -43,6 +46,9 @@ def _foreign_attention(q, k, v, options):
 def _foreign_softmax(x, axis, out, num_threads, log_mode):
     """softmax()/log_softmax() for an x or out that is not a plain ndarray (see
     _foreign_attention)."""
+    if _lazy.any_dask(x):
+        return _lazy.call("log_softmax" if log_mode else "softmax", (x,),
+                          dict(axis=axis, out=out, num_threads=num_threads))
     if any_torch_tensor(x, out):
         return torch_softmax(x, axis, out, num_threads, log_mode)
     _refuse_masked((("x", x),))
