@@ -3,7 +3,7 @@
 # every other part of the kernel module uses.
 
 from cython.parallel cimport prange, parallel
-from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uintptr_t
 from libc.math cimport exp, log, sqrt, isfinite, INFINITY, NAN
 
 cimport numpy as cnp
@@ -120,5 +120,54 @@ cdef extern from "simd.h" nogil:
     int fa_block_nonfinite_d(const double *x, int64_t rows, int64_t cols, int64_t sr, int64_t sc)
     int fa_pack_rows_f(const float *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
     int fa_pack_rows_d(const double *src, int64_t sr, int64_t n, int64_t D, double *dst, int64_t ldd)
+
+    # readers of stored rows for float compute and half-precision / int8 storage
+    # (stored_reads.h instantiated with widen.h; _fh float16, _fb bfloat16, _fi8 int8)
+    float fa_scalar_s_fh(uint16_t x)
+    void fa_pack_transposed_fh(const uint16_t *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt,
+                      int64_t ld, int64_t pf)
+    int fa_pack_rows_fh(const uint16_t *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
+    void fa_qk_rows_fh(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint16_t *k, int64_t ksr,
+                      int64_t n, float *s, int64_t lds)
+    void fa_pv_rows_fh(const float *p, int64_t ldp, int64_t nr, const uint16_t *v, int64_t ldv,
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+    void fa_pv_qk_row1_fh(const float *p, const uint16_t *v, int64_t ldv, int64_t k0, int64_t k1,
+                         float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const uint16_t *kn,
+                         int64_t ksr, int64_t nk, float *sn)
+    void fa_qvec_bias_fh(float *st, int64_t lds, int64_t j0, int64_t j1, const uint16_t *const *brows, int64_t ni)
+    void fa_widen_scale_row_fh(const uint16_t *x, float *y, int64_t n, float a)
+    void fa_add_row_fh(float *x, const uint16_t *b, int64_t n)
+    float fa_scalar_s_fb(uint16_t x)
+    void fa_pack_transposed_fb(const uint16_t *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt,
+                      int64_t ld, int64_t pf)
+    int fa_pack_rows_fb(const uint16_t *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
+    void fa_qk_rows_fb(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint16_t *k, int64_t ksr,
+                      int64_t n, float *s, int64_t lds)
+    void fa_pv_rows_fb(const float *p, int64_t ldp, int64_t nr, const uint16_t *v, int64_t ldv,
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+    void fa_pv_qk_row1_fb(const float *p, const uint16_t *v, int64_t ldv, int64_t k0, int64_t k1,
+                         float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const uint16_t *kn,
+                         int64_t ksr, int64_t nk, float *sn)
+    void fa_qvec_bias_fb(float *st, int64_t lds, int64_t j0, int64_t j1, const uint16_t *const *brows, int64_t ni)
+    void fa_widen_scale_row_fb(const uint16_t *x, float *y, int64_t n, float a)
+    void fa_add_row_fb(float *x, const uint16_t *b, int64_t n)
+    float fa_scalar_s_fi8(int8_t x)
+    void fa_pack_transposed_fi8(const int8_t *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt,
+                      int64_t ld, int64_t pf)
+    int fa_pack_rows_fi8(const int8_t *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
+    void fa_qk_rows_fi8(const float *qp, int64_t ldq, int64_t nr, int64_t D, const int8_t *k, int64_t ksr,
+                      int64_t n, float *s, int64_t lds)
+    void fa_pv_rows_fi8(const float *p, int64_t ldp, int64_t nr, const int8_t *v, int64_t ldv,
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+    void fa_pv_qk_row1_fi8(const float *p, const int8_t *v, int64_t ldv, int64_t k0, int64_t k1,
+                         float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const int8_t *kn,
+                         int64_t ksr, int64_t nk, float *sn)
+    void fa_qvec_bias_fi8(float *st, int64_t lds, int64_t j0, int64_t j1, const int8_t *const *brows, int64_t ni)
+    void fa_widen_scale_row_fi8(const int8_t *x, float *y, int64_t n, float a)
+    void fa_add_row_fi8(float *x, const int8_t *b, int64_t n)
+    void fa_prefetch_bytes(const void *p, int64_t nbytes)
+    void fa_widen_scale_row_f(const float *x, float *y, int64_t n, float a)
+    void fa_add_row_f(float *x, const float *b, int64_t n)
+    void fa_add_row_d(double *x, const double *b, int64_t n)
 
 ISA = FA_ISA.decode()

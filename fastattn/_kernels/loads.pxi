@@ -1,32 +1,45 @@
 # Loads of the stored operands into the compute type: the scaled query pack, the
-# transposed key tile, the value tile, prefetch of a tile.  Every read of q, k or
-# v that packs goes through here (the in-place readers are the C kernels of
-# stored_reads.h); a new storage type adds its load-and-widen here.
+# transposed key tile, the value tile, a key/value tile widened into the
+# workspace, prefetch of a tile.  Every read of q, k or v that packs goes through
+# here, addressed in the operand's own storage type (stored_at, the stored_*
+# wrappers); the in-place readers are the C kernels of stored_reads.h.
 
-cdef void pack_q(const Plan *P, Workspace *ws, floating *qbase, int64_t nr, int64_t pad) noexcept nogil:
-    """Qp[i, :] = scale * q[row i, :], then zero rows up to pad (the QK kernels'
-    whole blocks)."""
+cdef inline double scale_at(const Operand *s, int64_t off, int64_t j, int64_t c) noexcept nogil:
+    """k_scale / v_scale (float32) of key j, head dimension c, from batch offset off."""
+    return (<const float *>s.base)[off + j * s.sr + c * s.sc]
+
+
+cdef void pack_q(const Plan *P, Workspace *ws, const char *qbase, int64_t b, int64_t nr,
+                 int64_t pad, floating dummy) noexcept nogil:
+    """Qp[i, :] = scale * q[row i, :] (times the per-channel k_scale of int8 keys),
+    then zero rows up to pad (the QK kernels' whole blocks)."""
     cdef floating *qp = <floating *>ws.qp
     cdef floating scale = <floating>P.scale
-    cdef int64_t i, d, Dk = P.Dk, sc = P.q.sc
-    cdef floating *src
+    cdef int64_t i, d, Dk = P.Dk, sc = P.q.sc, koff
+    cdef const char *src
     for i in range(nr):
-        src = qbase + ws.qoff[i]
+        src = qbase + ws.qoff[i] * P.q.item
         if sc == 1:
-            row_scale(src, qp + i * Dk, Dk, scale)
+            stored_scale_row(P.q.store, src, qp + i * Dk, Dk, scale)
         else:
             for d in range(Dk):
-                qp[i * Dk + d] = src[d * sc] * scale
+                qp[i * Dk + d] = <floating>stored_value(P.q.store, src, d * sc) * scale
+        if P.kscale == SCALE_PER_CHANNEL:
+            # q . (k * s) = (q * s) . k: the channel scales once per query row
+            koff = batch_offset(P, &P.ks, b) + ws.goff[i] * P.ks.sg
+            for d in range(Dk):
+                qp[i * Dk + d] *= <floating>scale_at(&P.ks, koff, 0, d)
     for i in range(nr * Dk, pad * Dk):
         qp[i] = 0
 
-cdef void pack_k_tile(const Plan *P, floating *kt, const floating *kbase, int64_t t0, int64_t n) noexcept nogil:
+
+cdef void pack_k_tile(const Plan *P, floating *kt, const char *kbase, int64_t t0, int64_t n) noexcept nogil:
     """Transpose keys t0..t0+n-1 into panels of Dk x NR (see fa_qk_block)."""
     cdef int64_t NR = FA_QK_NV * (FA_VBYTES // sizeof(floating))
     cdef int64_t j, d, Dk = P.Dk, sr = P.k.sr, sc = P.k.sc, p0, nk
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef floating *panel
-    cdef const floating *src
+    cdef const char *src
     cdef int64_t offs[PANEL_MAX]
     if sc == 1:
         # rows with contiguous elements: W x W blocks through register transposes
@@ -38,17 +51,15 @@ cdef void pack_k_tile(const Plan *P, floating *kt, const floating *kbase, int64_
             nk = min(NR, n - p0)
             for j in range(nk):
                 offs[j] = (t0 + p0 + j) * sr
-            if floating is float:
-                fa_pack_transposed_f(kbase, offs, nk, Dk, 1, kt + (p0 // NR) * Dk * NR, NR, W * sr)
-            else:
-                fa_pack_transposed_d(kbase, offs, nk, Dk, 1, kt + (p0 // NR) * Dk * NR, NR, W * sr)
+            stored_pack_transposed(P.k.store, kbase, offs, nk, Dk, <floating>1, kt + (p0 // NR) * Dk * NR, NR,
+                                   W * sr)
             p0 += NR
     else:
         for j in range(n):
             panel = kt + (j // NR) * Dk * NR + (j % NR)
-            src = kbase + (t0 + j) * sr
+            src = kbase + (t0 + j) * sr * P.k.item
             for d in range(Dk):
-                panel[d * NR] = src[d * sc]
+                panel[d * NR] = <floating>stored_value(P.k.store, src, d * sc)
     # a partial last panel: the QK kernel computes whole vectors of it (one, or
     # all NR columns), so the columns past the tile that it reads get zeros rather
     # than the workspace's old contents (subnormal garbage would make those FMAs
@@ -60,33 +71,65 @@ cdef void pack_k_tile(const Plan *P, floating *kt, const floating *kbase, int64_
             for j in range(n % NR, nk):
                 panel[d * NR + j] = 0
 
-cdef int pack_v_tile(const Plan *P, floating *vp, int64_t dvp, const floating *vbase,
-                     int64_t t0, int64_t n) noexcept nogil:
-    """Copy value rows t0..t0+n-1 into rows of dvp, padding columns set to zero
-    (the P.V kernel runs whole vectors).  Returns 1 when the tile holds an inf or
-    NaN (see pv_rows_exact)."""
-    cdef int64_t j, c, Dv = P.Dv, sr = P.v.sr, sc = P.v.sc
-    cdef const floating *src
+
+cdef int pack_rows_widened(const Operand *op, floating *dst, int64_t ld, const char *base, int64_t t0, int64_t n,
+                           int64_t D) noexcept nogil:
+    """Copy rows t0..t0+n-1 of D elements of a stored operand (k or v) into dst
+    rows ld apart, widened to the compute type, columns D..ld-1 zero when ld
+    rounds D up (the P.V kernel runs whole vectors).  Returns 1 when the tile
+    holds an inf or NaN (see pv_rows_exact)."""
+    cdef int64_t j, c, sr = op.sr, sc = op.sc
+    cdef const char *src
     cdef floating x, probe = 0
     if sc == 1:
-        if floating is float:
-            return fa_pack_rows_f(vbase + t0 * sr, sr, n, Dv, vp, dvp)
-        else:
-            return fa_pack_rows_d(vbase + t0 * sr, sr, n, Dv, vp, dvp)
+        return stored_pack_rows(op.store, base + t0 * sr * op.item, sr, n, D, dst, ld)
     for j in range(n):
-        src = vbase + (t0 + j) * sr
-        for c in range(Dv):
-            x = src[c * sc]
-            vp[j * dvp + c] = x
+        src = base + (t0 + j) * sr * op.item
+        for c in range(D):
+            x = <floating>stored_value(op.store, src, c * sc)
+            dst[j * ld + c] = x
             probe += x * 0      # stays 0 unless some x is inf or NaN
-        for c in range(Dv, dvp):
-            vp[j * dvp + c] = 0
+        for c in range(D, ld):
+            dst[j * ld + c] = 0
     return probe != 0
 
-cdef inline void prefetch_tile(const Plan *P, const floating *kbase, const floating *vbase,
+
+cdef inline int pack_v_tile(const Plan *P, floating *vp, int64_t dvp, const char *vbase,
+                            int64_t t0, int64_t n) noexcept nogil:
+    """Value rows t0..t0+n-1 into rows of dvp (padding columns zero); 1 when the
+    tile holds an inf or NaN."""
+    return pack_rows_widened(&P.v, vp, dvp, vbase, t0, n, P.Dv)
+
+
+cdef int widen_tile(const Plan *P, const Operand *op, int scale_kind, const Operand *sc, int64_t soff,
+                    floating *dst, int64_t ld, const char *base, int64_t t0, int64_t n, int64_t D) noexcept nogil:
+    """Rows t0..t0+n-1 of a stored k or v of a non-native storage type widened into
+    dst (rows ld >= D apart, rounded up to a vector, the compute type), with its
+    int8 scales folded in: the value a kernel sees is k * k_scale.  Returns 1
+    when the tile holds an inf or NaN.  The query-vectorised unit reads the
+    widened tile in place."""
+    cdef int64_t j, c
+    cdef floating s
+    cdef int nonfinite = pack_rows_widened(op, dst, ld, base, t0, n, D)
+    if scale_kind == SCALE_PER_KEY:
+        for j in range(n):
+            s = <floating>scale_at(sc, soff, t0 + j, 0)
+            for c in range(D):
+                dst[j * ld + c] *= s
+    elif scale_kind == SCALE_PER_CHANNEL:
+        for j in range(n):
+            for c in range(D):
+                dst[j * ld + c] *= <floating>scale_at(sc, soff, 0, c)
+    return nonfinite
+
+
+cdef inline void prefetch_tile(const Plan *P, const char *kbase, const char *vbase,
                                int64_t t0, int64_t t1) noexcept nogil:
     """Request key and value rows t0..t1-1 (rows with contiguous elements only)."""
+    cdef int64_t r
     if P.k.sc == 1:
-        prefetch_rows(kbase + t0 * P.k.sr, t1 - t0, P.k.sr, P.Dk)
+        for r in range(t0, t1):
+            fa_prefetch_bytes(kbase + r * P.k.sr * P.k.item, P.Dk * P.k.item)
     if P.v.sc == 1:
-        prefetch_rows(vbase + t0 * P.v.sr, t1 - t0, P.v.sr, P.Dv)
+        for r in range(t0, t1):
+            fa_prefetch_bytes(vbase + r * P.v.sr * P.v.item, P.Dv * P.v.item)

@@ -47,8 +47,24 @@ cdef int64_t WORKSPACE_MAX_BYTES = (<int64_t>1) << 36
 
 # ---------------------------------------------------------------- the plan
 
+cdef enum:
+    # how the caller stores q, k, v or a bias (the kernels compute in float32 or
+    # float64): each storage type has its load-and-widen kernels (widen.h,
+    # stored_reads.h) and one branch in each stored_* wrapper (typed_kernels.pxi)
+    STORE_F32 = 0
+    STORE_F64 = 1
+    STORE_F16 = 2
+    STORE_BF16 = 3
+    STORE_I8 = 4
+    # k_scale / v_scale (int8 k, v): one value per key, or per head dimension
+    SCALE_NONE = 0
+    SCALE_PER_KEY = 1
+    SCALE_PER_CHANNEL = 2
+
 cdef struct Operand:
-    char *base                 # data pointer (compute dtype, bool for masks)
+    char *base                 # data pointer (bool for masks)
+    int64_t item               # bytes per element
+    int store                  # the storage type (STORE_*) of q, k, v, bias
     int64_t bs[MAXDIM]         # strides of the broadcast batch dims, in elements (0 = broadcast)
     int64_t sg                 # stride between query heads of one key/value head group (GQA)
     int64_t sr                 # row stride
@@ -66,7 +82,9 @@ cdef struct Plan:
     int causal
     int64_t wl, wr             # window sides, -1: unbounded
     int has_mask, has_bias, has_kvlen, has_alibi, want_lse, want_weights
+    int kscale, vscale         # SCALE_NONE / SCALE_PER_KEY / SCALE_PER_CHANNEL
     Operand q, k, v, o, mask, bias, w, lse
+    Operand ks, vs             # the scales (float32), trailing dims (Lk, 1) or (1, D)
     int64_t *kvlen             # (nbatch * g) valid key counts
     char *slopes               # (nbatch * g) ALiBi slopes, compute dtype
 
@@ -82,6 +100,34 @@ cdef inline int64_t batch_offset(const Plan *P, const Operand *op, int64_t b) no
     return off
 
 
+cdef int _bfloat16_num = -1      # the type number of ml_dtypes.bfloat16, once seen
+
+
+cdef int store_of(cnp.ndarray a) noexcept:
+    """The storage type of a's elements (-1: none the kernels read in place)."""
+    global _bfloat16_num
+    cdef int t = cnp.PyArray_TYPE(a)
+    if t == cnp.NPY_FLOAT:
+        return STORE_F32
+    if t == cnp.NPY_DOUBLE:
+        return STORE_F64
+    if t == cnp.NPY_FLOAT16:
+        return STORE_F16
+    if t == cnp.NPY_INT8:
+        return STORE_I8
+    if t == _bfloat16_num:
+        return STORE_BF16
+    if t >= 256 and cnp.PyArray_ITEMSIZE(a) == 2 and a.dtype.name == "bfloat16":   # NPY_USERDEF
+        _bfloat16_num = t
+        return STORE_BF16
+    return -1
+
+
+cdef inline const char *stored_at(const Operand *op, int64_t off) noexcept nogil:
+    """The address of element off (counted in elements) of a stored operand."""
+    return op.base + off * op.item
+
+
 cdef int fill_operand(Operand *op, cnp.ndarray a, int trailing, const Plan *P, int64_t hq) except -1:
     """Describe array `a` whose last `trailing` dims are (rows[, cols]) and whose
     leading dims broadcast to the plan's batch shape, the last batch dim being the
@@ -92,6 +138,8 @@ cdef int fill_operand(Operand *op, cnp.ndarray a, int trailing, const Plan *P, i
     cdef int d, pd
     cdef int64_t size, stride
     op.base = <char *>cnp.PyArray_DATA(a)
+    op.item = item
+    op.store = store_of(a)
     op.sg = 0
     for d in range(P.nb):
         op.bs[d] = 0
@@ -154,6 +202,7 @@ cdef int plan_init(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.nda
         P.nbatch *= P.bshape[d]
     P.nrows = P.g * P.Lq
     P.has_mask = P.has_bias = P.has_kvlen = P.has_alibi = P.want_lse = P.want_weights = 0
+    P.kscale = P.vscale = SCALE_NONE
     P.kvlen = NULL
     P.slopes = NULL
     fill_operand(&P.q, q, 2, P, hq)

@@ -206,35 +206,6 @@ static inline void FA_SFX(fa_qvec_range_mask_chunk)(FA_T *st, int64_t lds, int64
 #undef FA_QVEC_RANGE_MASK
 }
 
-/* St[j][i] += B_i[j] for lanes i < ni and keys j in [j0, j1) of the
- * query-vectorised path, B_i = brows[i] the lane's bias row (elements
- * contiguous, indexed by tile key).  W x W blocks go through registers (W row
- * loads, a transpose, W vector adds) instead of W*W strided scalar updates;
- * the same single add per element, so the same bits. */
-static inline void FA_SFX(fa_qvec_bias)(FA_T *st, int64_t lds, int64_t j0, int64_t j1,
-                                    const FA_T *const *brows, int64_t ni)
-{
-    int64_t i0 = 0;
-#if FA_HAVE_SHUFFLE
-    for (; i0 + FA_W <= ni; i0 += FA_W) {
-        int64_t j = j0;
-        for (; j + FA_W <= j1; j += FA_W) {
-            FA_V r[FA_W];
-            FA_UNROLL for (int i = 0; i < FA_W; i++) r[i] = FA_SFX(fa_load)(brows[i0 + i] + j);
-            FA_SFX(fa_transpose)(r);
-            FA_UNROLL for (int k = 0; k < FA_W; k++) {
-                FA_T *p = st + (j + k) * lds + i0;
-                FA_SFX(fa_store)(p, FA_SFX(fa_load)(p) + r[k]);
-            }
-        }
-        for (; j < j1; j++)
-            for (int64_t i = i0; i < i0 + FA_W; i++) st[j * lds + i] += brows[i][j];
-    }
-#endif
-    for (int64_t i = i0; i < ni; i++)
-        for (int64_t j = j0; j < j1; j++) st[j * lds + i] += brows[i][j];
-}
-
 /* ALiBi on the query-vectorised path: St[j][i] -= slope_i * |pos_i - (t0 + j)|
  * over lanes [0, nv * W) (lanes past ni get slope 0: padding lanes, masked
  * later) and keys [j0, j1).  slopes: the batch entry's table (one per group),

@@ -81,6 +81,18 @@ cdef struct QvecUnit:
     int64_t vec_hi[64]
 
 
+cdef struct TileSource:
+    # where a unit's tile of keys and values is read: in place, or widened into
+    # the workspace (non-native storage types, int8 scales folded in)
+    const char *k              # key row t0 of the tile
+    int64_t ksr, ksc
+    int kstore
+    const char *v              # value row t0 of the tile
+    int64_t vsr, vsc
+    int vstore
+    int vnf                    # the value tile holds an inf or NaN
+
+
 cdef struct KeyRuns:
     # the keys of one chunk's tile cut into runs seen by groups of its vectors
     int n                      # number of runs; 0: one block over every key
@@ -106,7 +118,7 @@ cdef void qvec_unit_begin(const Plan *P, Workspace *ws, QvecUnit *U, floating *s
     cdef floating *l = <floating *>ws.lt
     cdef floating *lof = <floating *>ws.lof
     cdef floating *hif = <floating *>ws.hif
-    cdef const floating *qbase = (<const floating *>P.q.base) + batch_offset(P, &P.q, U.b)
+    cdef const char *qbase = stored_at(&P.q, batch_offset(P, &P.q, U.b))
     cdef floating scale = <floating>P.scale
     U.mbo = batch_offset(P, &P.mask, U.b) if P.has_mask else 0
     U.bbo = batch_offset(P, &P.bias, U.b) if P.has_bias else 0
@@ -128,23 +140,19 @@ cdef void qvec_unit_begin(const Plan *P, Workspace *ws, QvecUnit *U, floating *s
     # are requested a register block ahead by the QK kernel, value rows ahead
     # of the inf/NaN probe (block_nonfinite).
     if U.lo_all < U.hi_all:
-        prefetch_tile(P, (<const floating *>P.k.base) + batch_offset(P, &P.k, U.b),
-                      (<const floating *>P.v.base) + batch_offset(P, &P.v, U.b),
+        prefetch_tile(P, stored_at(&P.k, batch_offset(P, &P.k, U.b)), stored_at(&P.v, batch_offset(P, &P.v, U.b)),
                       U.lo_all, min(U.lo_all + BLOCK_K, U.hi_all))
     if P.q.sc == 1:
         for i in range(nr):
-            prefetch_rows(qbase + ws.qoff[i], 1, 0, Dk)
+            fa_prefetch_bytes(qbase + ws.qoff[i] * P.q.item, Dk * P.q.item)
     # transposed pack: W x W register transposes for contiguous query rows;
     # otherwise d outer (contiguous stores, the nr source rows stay in L1)
     if P.q.sc == 1:
-        if floating is float:
-            fa_pack_transposed_f(qbase, ws.qoff, nr, Dk, scale, qt, ld, 0)
-        else:
-            fa_pack_transposed_d(qbase, ws.qoff, nr, Dk, scale, qt, ld, 0)
+        stored_pack_transposed(P.q.store, qbase, ws.qoff, nr, Dk, scale, qt, ld, 0)
     else:
         for d in range(Dk):
             for i in range(nr):
-                qt[d * ld + i] = qbase[ws.qoff[i] + d * P.q.sc] * scale
+                qt[d * ld + i] = <floating>stored_value(P.q.store, qbase, ws.qoff[i] + d * P.q.sc) * scale
     for i in range(nr):
         lof[i] = <floating>ws.lo[i]
         hif[i] = <floating>ws.hi[i]
@@ -214,8 +222,9 @@ cdef void qvec_weights_begin(const Plan *P, Workspace *ws, const QvecUnit *U, fl
                 wrow[j * P.w.sc] = fill
 
 
-cdef void qvec_chunk_scores(const Plan *P, Workspace *ws, const QvecUnit *U, KeyRuns *R, int64_t ch,
-                            int64_t t0, int64_t j0, int64_t j1, int masked, floating *mx) noexcept nogil:
+cdef void qvec_chunk_scores(const Plan *P, Workspace *ws, const QvecUnit *U, const TileSource *T, KeyRuns *R,
+                            int64_t ch, int64_t t0, int64_t j0, int64_t j1, int masked,
+                            floating *mx) noexcept nogil:
     """St[j0:j1] of chunk ch for the tile at t0: one block, or (a masked tile of a
     chunk wider than a vector) only the key runs each group of vectors sees, the
     rest -inf.  mx (or NULL): the tile max per lane, taken from the registers."""
@@ -225,7 +234,7 @@ cdef void qvec_chunk_scores(const Plan *P, Workspace *ws, const QvecUnit *U, Key
     cdef int nv = U.ch_nv[ch], ri, rv0, rw0, nw, v
     cdef floating *qt = <floating *>ws.qt
     cdef floating *st = <floating *>ws.st
-    cdef const floating *kt0 = (<const floating *>P.k.base) + batch_offset(P, &P.k, U.b) + t0 * P.k.sr
+    cdef const floating *kt0 = <const floating *>T.k
     R.n = 0
     if masked and nv > 1:
         for v in range(nv):
@@ -235,14 +244,14 @@ cdef void qvec_chunk_scores(const Plan *P, Workspace *ws, const QvecUnit *U, Key
         if R.n == 1 and R.w[0] == nv:
             R.n = 0         # every vector sees every key: one block
     if R.n == 0:
-        qvec_qk_chunk(kt0, P.k.sr, P.k.sc, qt + c0, ld, P.Dk, st + c0, ld, j0, j1, mx, nv, ch == 0)
+        qvec_qk_chunk(kt0, T.ksr, T.ksc, qt + c0, ld, P.Dk, st + c0, ld, j0, j1, mx, nv, ch == 0)
         return
     for ri in range(R.n):
         rv0 = R.v[ri]
         rw0 = R.w[ri]
         while rw0 > 0:
             nw = qvec_chunk_width(rw0)
-            qvec_qk_chunk(kt0, P.k.sr, P.k.sc, qt + c0 + rv0 * W, ld, P.Dk,
+            qvec_qk_chunk(kt0, T.ksr, T.ksc, qt + c0 + rv0 * W, ld, P.Dk,
                           st + c0 + rv0 * W, ld, R.s[ri], R.e[ri], <floating *>NULL, nw, ch == 0)
             rv0 += nw
             rw0 -= nw
@@ -280,8 +289,8 @@ cdef void qvec_chunk_weights(const Plan *P, Workspace *ws, const QvecUnit *U, in
                 wrow[(t0 + j) * P.w.sc] = st[j * ld + i]
 
 
-cdef void qvec_chunk_pv(const Plan *P, Workspace *ws, const QvecUnit *U, const KeyRuns *R, int64_t ch,
-                        int64_t t0, int64_t j0, int64_t j1, int vnf, floating dummy) noexcept nogil:
+cdef void qvec_chunk_pv(const Plan *P, Workspace *ws, const QvecUnit *U, const TileSource *T, const KeyRuns *R,
+                        int64_t ch, int64_t t0, int64_t j0, int64_t j1, floating dummy) noexcept nogil:
     """Ot += Pt . V for chunk ch over tile keys [j0, j1): its key runs (P is 0 where
     a vector sees no key), one block, or -- values holding inf/NaN -- each lane
     over exactly its visible keys."""
@@ -291,22 +300,21 @@ cdef void qvec_chunk_pv(const Plan *P, Workspace *ws, const QvecUnit *U, const K
     cdef int ri, rv0, rw0, nw
     cdef floating *st = <floating *>ws.st
     cdef floating *ot = <floating *>ws.ot
-    cdef const floating *vt0 = (<const floating *>P.v.base) + batch_offset(P, &P.v, U.b) + t0 * P.v.sr
-    cdef const floating *src
+    cdef const floating *vt0 = <const floating *>T.v
     cdef const uint8_t *mrow = NULL
     cdef floating p
-    if not vnf and R.n > 0:
+    if not T.vnf and R.n > 0:
         for ri in range(R.n):
             rv0 = R.v[ri]
             rw0 = R.w[ri]
             while rw0 > 0:
                 nw = qvec_chunk_width(rw0)
-                qvec_pv_chunk(vt0, P.v.sr, P.v.sc, Dv, st + c0 + rv0 * W, ld,
+                qvec_pv_chunk(vt0, T.vsr, T.vsc, Dv, st + c0 + rv0 * W, ld,
                               R.s[ri], R.e[ri], ot + c0 + rv0 * W, ld, nw)
                 rv0 += nw
                 rw0 -= nw
-    elif not vnf:
-        qvec_pv_chunk(vt0, P.v.sr, P.v.sc, Dv, st + c0, ld, j0, j1, ot + c0, ld, U.ch_nv[ch])
+    elif not T.vnf:
+        qvec_pv_chunk(vt0, T.vsr, T.vsc, Dv, st + c0, ld, j0, j1, ot + c0, ld, U.ch_nv[ch])
     else:
         for i in range(c0, min(c0 + cw, U.nr)):
             jj0 = max(ws.lo[i] - t0, j0)
@@ -319,9 +327,47 @@ cdef void qvec_chunk_pv(const Plan *P, Workspace *ws, const QvecUnit *U, const K
                 if P.has_mask and not mrow[(t0 + j) * P.mask.sc]:
                     continue
                 p = st[j * ld + i]
-                src = vt0 + j * P.v.sr
                 for c in range(Dv):
-                    ot[c * ld + i] += p * src[c * P.v.sc]
+                    ot[c * ld + i] += p * <floating>stored_value(T.vstore, T.v, j * T.vsr + c * T.vsc)
+
+
+cdef void qvec_tile_source(const Plan *P, Workspace *ws, const QvecUnit *U, TileSource *T, int64_t t0, int64_t t1,
+                           floating dummy) noexcept nogil:
+    """Where tile [t0, t1) is read: keys and values of the compute type in place;
+    other storage types (float16, bfloat16, int8) widened into the workspace
+    with their scales folded in (a tile's widening costs a fraction of its
+    FLOPs: each key and value feeds every query lane of the unit).  Also whether
+    the values hold an inf or NaN."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int native = native_store(<floating>0)
+    cdef int64_t kbo = batch_offset(P, &P.k, U.b), vbo = batch_offset(P, &P.v, U.b)
+    cdef int64_t ldk = round_up(P.Dk if P.Dk > 0 else 1, W), ldv = round_up(P.Dv if P.Dv > 0 else 1, W)
+    T.vnf = 0
+    if P.k.store == native:
+        T.k = stored_at(&P.k, kbo + t0 * P.k.sr)
+        T.ksr = P.k.sr
+        T.ksc = P.k.sc
+    else:
+        widen_tile(P, &P.k, P.kscale, &P.ks, batch_offset(P, &P.ks, U.b) if P.kscale else 0,
+                   <floating *>ws.kw, ldk, stored_at(&P.k, kbo), t0, t1 - t0, P.Dk)
+        T.k = <const char *>ws.kw
+        T.ksr = ldk
+        T.ksc = 1
+    T.kstore = native
+    if not U.need_pv:
+        return
+    if P.v.store == native:
+        T.v = stored_at(&P.v, vbo + t0 * P.v.sr)
+        T.vsr = P.v.sr
+        T.vsc = P.v.sc
+        T.vnf = block_nonfinite(<const floating *>T.v, t1 - t0, P.Dv, P.v.sr, P.v.sc)
+    else:
+        T.vnf = widen_tile(P, &P.v, P.vscale, &P.vs, batch_offset(P, &P.vs, U.b) if P.vscale else 0,
+                           <floating *>ws.vw, ldv, stored_at(&P.v, vbo), t0, t1 - t0, P.Dv)
+        T.v = <const char *>ws.vw
+        T.vsr = ldv
+        T.vsc = 1
+    T.vstore = native
 
 
 cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_t t0, int64_t t1,
@@ -331,12 +377,12 @@ cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef int64_t ld = qvec_ld(sizeof(floating))
     cdef int64_t ch, j0, j1, c0, cw, i
-    cdef int nv, masked, vnf
+    cdef int nv, masked
     cdef floating *st = <floating *>ws.st
     cdef floating *mx
     cdef KeyRuns R
-    vnf = (block_nonfinite((<const floating *>P.v.base) + batch_offset(P, &P.v, U.b) + t0 * P.v.sr,
-                           t1 - t0, P.Dv, P.v.sr, P.v.sc) if U.need_pv else 0)
+    cdef TileSource T
+    qvec_tile_source(P, ws, U, &T, t0, t1, <floating>0)
     for ch in range(U.nch):
         j0 = max(t0, U.ch_lo[ch]) - t0
         j1 = min(t1, U.ch_hi[ch]) - t0
@@ -353,7 +399,7 @@ cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_
             mx = <floating *>ws.mxt
             for i in range(cw):
                 mx[i] = -INFINITY
-        qvec_chunk_scores(P, ws, U, &R, ch, t0, j0, j1, masked, mx)
+        qvec_chunk_scores(P, ws, U, &T, &R, ch, t0, j0, j1, masked, mx)
         if U.needs_options:
             apply_score_options_qvec(P, ws, st + c0, ld, j0, j1, t0, c0,
                                      min(cw, U.nr - c0), cw, U.b, U.r0, U.mbo, U.bbo)
@@ -366,7 +412,7 @@ cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_
             qvec_softmax_chunk(st + c0, ld, j0, j1, (<floating *>ws.mt) + c0, (<floating *>ws.lt) + c0,
                                (<floating *>ws.ot) + c0, ld, P.Dv if U.need_pv else 0, mx, nv)
         if U.need_pv:
-            qvec_chunk_pv(P, ws, U, &R, ch, t0, j0, j1, vnf, <floating>0)
+            qvec_chunk_pv(P, ws, U, &T, &R, ch, t0, j0, j1, <floating>0)
 
 
 cdef void qvec_unit_finish(const Plan *P, Workspace *ws, const QvecUnit *U, floating *stats,

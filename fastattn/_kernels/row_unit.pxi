@@ -3,7 +3,7 @@
 # (decode, draft tokens, GQA groups) read keys and values in place; more rows
 # pack tiles for the register-blocked micro-kernels.
 
-cdef void pv_rows_exact(const Plan *P, const Workspace *ws, const floating *s, const floating *vsrc,
+cdef void pv_rows_exact(const Plan *P, const Workspace *ws, const floating *s, int vstore, const char *vsrc,
                         int64_t ldv, floating *o, int64_t dvp, int64_t r0, int64_t nr, int64_t t0, int64_t n,
                         int64_t mbo) noexcept nogil:
     """O += P . V one row at a time over exactly the keys each row sees.
@@ -30,7 +30,7 @@ cdef void pv_rows_exact(const Plan *P, const Workspace *ws, const floating *s, c
                 continue
             p = s[i * BLOCK_K + j]
             for c in range(P.Dv):
-                o[i * dvp + c] += p * vsrc[j * ldv + c]
+                o[i * dvp + c] += p * <floating>stored_value(vstore, vsrc, j * ldv + c)
 
 cdef inline void rows_key_span(const Workspace *ws, int64_t i0, int64_t i1, int64_t t0, int64_t n,
                                int64_t *a, int64_t *e) noexcept nogil:
@@ -43,14 +43,15 @@ cdef inline void rows_key_span(const Workspace *ws, int64_t i0, int64_t i1, int6
             a[0] = min(a[0], max(ws.lo[i] - t0, 0))
             e[0] = max(e[0], min(ws.hi[i] - t0, n))
 
-cdef inline void pv_qk_chunks(const floating *p, int64_t nr, const floating *v, int64_t ldv, int64_t a,
-                              int64_t e, floating *o, int64_t dvp, const floating *qp, int64_t Dk,
-                              const floating *kn, int64_t ksr, int64_t nn, floating *sn) noexcept nogil:
-    """O += P . V over keys [a, e) of this tile (rows BLOCK_K apart in p) and the
-    scores of the next tile's first nn keys (kn) into sn, in alternating chunks of
-    FUSE_CHUNK keys.  The same per-key order as one pv_rows and one qk_rows call:
-    P.V accumulates key by key, and a chunk boundary is a multiple of every key
-    group of fa_qk_rows, so the bits are the same."""
+cdef inline void pv_qk_chunks(const Plan *P, const floating *p, int64_t nr, const char *v, int64_t a,
+                              int64_t e, floating *o, int64_t dvp, const floating *qp,
+                              const char *kn, int64_t nn, floating *sn) noexcept nogil:
+    """O += P . V over keys [a, e) of this tile (rows BLOCK_K apart in p; value rows
+    v stored in place) and the scores of the next tile's first nn keys (kn, stored
+    like v) into sn, in alternating chunks of FUSE_CHUNK keys.  The same per-key
+    order as one pv_rows and one qk_rows call: P.V accumulates key by key, and a
+    chunk boundary is a multiple of every key group of fa_qk_rows, so the bits
+    are the same."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef int64_t c = 0, c1, x0, x1
     cdef int64_t top = e if e > nn else nn
@@ -59,10 +60,11 @@ cdef inline void pv_qk_chunks(const floating *p, int64_t nr, const floating *v, 
         x0 = a if a > c else c
         x1 = e if e < c1 else c1
         if x0 < x1:
-            pv_rows(p, BLOCK_K, nr, v, ldv, x0, x1, o, dvp, dvp // W)
+            stored_pv_rows(P.v.store, p, BLOCK_K, nr, v, P.v.sr, x0, x1, o, dvp, dvp // W)
         x1 = nn if nn < c1 else c1
         if c < x1:
-            qk_rows(qp, Dk, nr, Dk, kn + c * ksr, ksr, x1 - c, sn + c, BLOCK_K)
+            stored_qk_rows(P.k.store, qp, P.Dk, nr, P.Dk, kn + c * P.k.sr * P.k.item, P.k.sr, x1 - c, sn + c,
+                           BLOCK_K)
         c = c1
 
 cdef struct RowUnit:
@@ -113,7 +115,7 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
     # rows: alternating chunks of FUSE_CHUNK keys, see pv_qk_chunks).  Bit-
     # identical to the separate passes.  The next scores go to rows past the
     # unit's own in the score buffer (FEW_MAX_ROWS of them are reserved).
-    U.fuse = U.few and U.k_in_place and U.v_in_place and U.need_pv
+    U.fuse = U.few and U.k_in_place and U.v_in_place and U.need_pv and P.k.store == P.v.store
     U.s = <char *>s
     U.s2 = <char *>(s + rows_alloc(nr) * BLOCK_K)
 
@@ -122,8 +124,8 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
     # row each: the fixed cost of a unit is most of such a call).  Query rows:
     # fa_qk_rows (keys in place) reads blocks of up to 8 rows, each padded to a
     # power of two, and a single row alone; fa_qk_block whole blocks of FA_QK_MR.
-    pack_q(P, ws, (<floating *>P.q.base) + batch_offset(P, &P.q, U.b), nr,
-           (1 if nr == 1 else round_up(nr, 8)) if U.k_in_place else rows_alloc(nr))
+    pack_q(P, ws, stored_at(&P.q, batch_offset(P, &P.q, U.b)), U.b, nr,
+           (1 if nr == 1 else round_up(nr, 8)) if U.k_in_place else rows_alloc(nr), <floating>0)
     # The packed P.V kernel (fa_pv_block) runs whole blocks of FA_PV_MR rows, so it
     # also reads the probability rows nr..Rp-1, which the QK kernel may never
     # write: zeros, not whatever the workspace held (subnormal garbage made every
@@ -147,23 +149,23 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
             for j in range(P.Lk):
                 wrow[j * P.w.sc] = fill
     if U.fuse and U.lo_all < U.hi_all:
-        qk_rows(<floating *>ws.qp, P.Dk, nr, P.Dk, (<floating *>P.k.base) + U.kbo + U.lo_all * P.k.sr, P.k.sr,
-                min(BLOCK_K, U.hi_all - U.lo_all), s, BLOCK_K)
+        stored_qk_rows(P.k.store, <floating *>ws.qp, P.Dk, nr, P.Dk, stored_at(&P.k, U.kbo + U.lo_all * P.k.sr),
+                       P.k.sr, min(BLOCK_K, U.hi_all - U.lo_all), s, BLOCK_K)
 
 
 cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t t0, int64_t n,
-                         const floating **vsrc, int64_t *ldv) noexcept nogil:
+                         const char **vsrc, int64_t *ldv, int *vstore, floating dummy) noexcept nogil:
     """Load tile [t0, t0 + n): pack its keys and values unless read in place, and
     compute its scores (already computed when fusing).  Sets the value rows the
-    P.V pass reads (vsrc, ldv apart); returns 1 when a packed value tile holds an
-    inf or NaN."""
+    P.V pass reads (vsrc, ldv apart, of storage type vstore); returns 1 when a
+    packed value tile holds an inf or NaN."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef int64_t NR = FA_QK_NV * W
     cdef int64_t Dk = P.Dk, nr = U.nr, i0, a, e
     cdef floating *qp = <floating *>ws.qp
     cdef floating *kt = <floating *>ws.kt
     cdef floating *s = <floating *>U.s
-    cdef const floating *kbase = (<floating *>P.k.base) + U.kbo
+    cdef const char *kbase = stored_at(&P.k, U.kbo)
     cdef int v_nonfinite = 0
     if not U.k_in_place:
         pack_k_tile(P, kt, kbase, t0, n)
@@ -172,18 +174,20 @@ cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t
     elif U.v_in_place:
         # read in place; inf/NaN values are caught after the P.V update
         # (one pass over the values instead of two)
-        vsrc[0] = (<floating *>P.v.base) + U.vbo + t0 * P.v.sr
+        vsrc[0] = stored_at(&P.v, U.vbo + t0 * P.v.sr)
         ldv[0] = P.v.sr
+        vstore[0] = P.v.store
     else:
-        v_nonfinite = pack_v_tile(P, <floating *>ws.vp, U.dvp, (<floating *>P.v.base) + U.vbo, t0, n)
-        vsrc[0] = <floating *>ws.vp
+        v_nonfinite = pack_v_tile(P, <floating *>ws.vp, U.dvp, stored_at(&P.v, U.vbo), t0, n)
+        vsrc[0] = <const char *>ws.vp
         ldv[0] = U.dvp
+        vstore[0] = native_store(<floating>0)
 
     # S = Qp . Ktᵀ, each register block of rows only over the panels its rows
     # can see (this is what clips the causal diagonal tile)
     i0 = nr if U.k_in_place else 0
     if U.k_in_place and not U.fuse:
-        qk_rows(qp, Dk, nr, Dk, kbase + t0 * P.k.sr, P.k.sr, n, s, BLOCK_K)
+        stored_qk_rows(P.k.store, qp, Dk, nr, Dk, kbase + t0 * P.k.sr * P.k.item, P.k.sr, n, s, BLOCK_K)
     while i0 < nr:
         rows_key_span(ws, i0, min(i0 + FA_QK_MR, nr), t0, n, &a, &e)
         if a < e:
@@ -201,7 +205,7 @@ cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, float
     cdef floating *m = <floating *>ws.m
     cdef floating *o = <floating *>ws.o
     cdef double *l = ws.l
-    cdef int64_t i, j, a, e, grp, pos
+    cdef int64_t i, j, a, e, grp, pos, soff
     cdef floating mt, mn, alpha, lse_i
     cdef double sm
     cdef floating *srow
@@ -218,6 +222,11 @@ cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, float
             for j in range(n):
                 srow[j] = 0
             continue
+        if P.kscale == SCALE_PER_KEY:
+            # int8 keys: q . (k_j * s_j) = (q . k_j) * s_j
+            soff = batch_offset(P, &P.ks, U.b) + ws.goff[i] * P.ks.sg
+            for j in range(a, e):
+                srow[j] *= <floating>scale_at(&P.ks, soff, t0 + j, 0)
         if U.needs_options:
             grp = ws.goff[i]
             pos = U.r0 + i - grp * P.Lq
@@ -255,14 +264,19 @@ cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, float
             m[i] = mn
             if U.need_pv and alpha != 1:
                 row_scale(o + i * U.dvp, o + i * U.dvp, P.Dv, alpha)
+        if P.vscale == SCALE_PER_KEY and U.need_pv:
+            # int8 values: sum_j p_j (v_j * s_j) = sum_j (p_j * s_j) v_j (after the row sum)
+            soff = batch_offset(P, &P.vs, U.b) + ws.goff[i] * P.vs.sg
+            for j in range(a, e):
+                srow[j] *= <floating>scale_at(&P.vs, soff, t0 + j, 0)
         for j in range(a):
             srow[j] = 0
         for j in range(e, n):
             srow[j] = 0
 
 
-cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, const floating *vsrc, int64_t ldv,
-                      int v_nonfinite, int64_t t0, int64_t t1) noexcept nogil:
+cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, int vstore, const char *vsrc, int64_t ldv,
+                      int v_nonfinite, int64_t t0, int64_t t1, floating dummy) noexcept nogil:
     """O += P . V for tile [t0, t1), each register block of rows over the keys its
     rows see; when fusing, also the next tile's scores (then the two score
     buffers swap)."""
@@ -273,9 +287,9 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, const floating *
     cdef floating *o = <floating *>ws.o
     cdef floating *vp = <floating *>ws.vp
     cdef floating *qp = <floating *>ws.qp
-    cdef const floating *kbase = (<floating *>P.k.base) + U.kbo
+    cdef const char *kn = stored_at(&P.k, U.kbo + t1 * P.k.sr)
     if v_nonfinite:
-        pv_rows_exact(P, ws, s, vsrc, ldv, o, dvp, U.r0, nr, t0, n, U.mbo)
+        pv_rows_exact(P, ws, s, vstore, vsrc, ldv, o, dvp, U.r0, nr, t0, n, U.mbo)
     elif U.need_pv and U.few:
         rows_key_span(ws, 0, nr, t0, n, &a, &e)
         if a < e:
@@ -291,17 +305,17 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, const floating *
             if U.fuse:
                 nn = min(BLOCK_K, U.hi_all - t1) if t1 < U.hi_all else 0
                 if nr == 1:
-                    pv_qk_row1(s, vsrc, ldv, a, e, o, dvp // W, qp, Dk, kbase + t1 * P.k.sr, P.k.sr, nn, s2)
+                    stored_pv_qk_row1(vstore, s, vsrc, ldv, a, e, o, dvp // W, qp, Dk, kn, P.k.sr, nn, s2)
                 else:
-                    pv_qk_chunks(s, nr, vsrc, ldv, a, e, o, dvp, qp, Dk, kbase + t1 * P.k.sr, P.k.sr, nn, s2)
+                    pv_qk_chunks(P, s, nr, vsrc, a, e, o, dvp, qp, kn, nn, s2)
             else:
-                pv_rows(s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
+                stored_pv_rows(vstore, s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
             if U.v_in_place and block_nonfinite(o, nr, P.Dv, dvp, 1):
                 for i in range(nr * dvp):
                     o[i] = vp[i] if t0 != U.lo_all else 0
-                pv_rows_exact(P, ws, s, vsrc, ldv, o, dvp, U.r0, nr, t0, n, U.mbo)
+                pv_rows_exact(P, ws, s, vstore, vsrc, ldv, o, dvp, U.r0, nr, t0, n, U.mbo)
         elif U.fuse and t1 < U.hi_all:
-            qk_rows(qp, Dk, nr, Dk, kbase + t1 * P.k.sr, P.k.sr, min(BLOCK_K, U.hi_all - t1), s2, BLOCK_K)
+            stored_qk_rows(P.k.store, qp, Dk, nr, Dk, kn, P.k.sr, min(BLOCK_K, U.hi_all - t1), s2, BLOCK_K)
         if U.fuse:
             U.s = <char *>s2
             U.s2 = <char *>s
@@ -310,7 +324,7 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, const floating *
         while i0 < nr:
             rows_key_span(ws, i0, min(i0 + FA_PV_MR, nr), t0, n, &a, &e)
             if a < e:
-                pv_block(s + i0 * BLOCK_K, BLOCK_K, vsrc, ldv, a, e, o + i0 * dvp, dvp, dvp // W)
+                pv_block(s + i0 * BLOCK_K, BLOCK_K, <const floating *>vsrc, ldv, a, e, o + i0 * dvp, dvp, dvp // W)
             i0 += FA_PV_MR
 
 
@@ -318,10 +332,10 @@ cdef void row_unit_finish(const Plan *P, const Workspace *ws, const RowUnit *U, 
                           floating *part_o, floating *part_m, double *part_l) noexcept nogil:
     """The rows' results: lse only (MODE_STATS), this split's running max, sum and
     unnormalised output (MODE_PARTIAL), or the output rows (and lse)."""
-    cdef const floating *o = <const floating *>ws.o
+    cdef floating *o = <floating *>ws.o
     cdef const floating *m = <const floating *>ws.m
     cdef const double *l = ws.l
-    cdef int64_t i, c, grp, pos, Dv = P.Dv, dvp = U.dvp
+    cdef int64_t i, c, grp, pos, Dv = P.Dv, dvp = U.dvp, soff
     cdef floating lse_i, inv
     cdef floating *orow
     for i in range(U.nr):
@@ -330,6 +344,11 @@ cdef void row_unit_finish(const Plan *P, const Workspace *ws, const RowUnit *U, 
         if U.mode == MODE_STATS:
             stats[i] = <floating>(m[i] + log(l[i])) if l[i] > 0 or l[i] != l[i] else -INFINITY
             continue
+        if P.vscale == SCALE_PER_CHANNEL:
+            # int8 values: sum_j p_j v_jc s_c = s_c sum_j p_j v_jc
+            soff = batch_offset(P, &P.vs, U.b) + grp * P.vs.sg
+            for c in range(Dv):
+                o[i * dvp + c] *= <floating>scale_at(&P.vs, soff, 0, c)
         if U.mode == MODE_PARTIAL:
             part_m[i] = m[i]
             part_l[i] = l[i]
@@ -366,8 +385,8 @@ cdef void run_row_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int6
     part_*: where MODE_PARTIAL leaves this split's running max, sum and unnormalised output."""
     cdef RowUnit U
     cdef int64_t t0, t1, ldv = 0
-    cdef const floating *vsrc = NULL
-    cdef int v_nonfinite
+    cdef const char *vsrc = NULL
+    cdef int v_nonfinite, vstore = native_store(<floating>0)
     U.b = b
     U.r0 = r0
     U.nr = nr
@@ -378,8 +397,8 @@ cdef void run_row_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int6
     t0 = U.lo_all
     while t0 < U.hi_all:
         t1 = min(t0 + BLOCK_K, U.hi_all)
-        v_nonfinite = row_tile_scores(P, ws, &U, t0, t1 - t0, &vsrc, &ldv)
+        v_nonfinite = row_tile_scores(P, ws, &U, t0, t1 - t0, &vsrc, &ldv, &vstore, <floating>0)
         row_tile_softmax(P, ws, &U, stats, t0, t1 - t0)
-        row_tile_pv(P, ws, &U, vsrc, ldv, v_nonfinite, t0, t1)
+        row_tile_pv(P, ws, &U, vstore, vsrc, ldv, v_nonfinite, t0, t1, <floating>0)
         t0 = t1
     row_unit_finish(P, ws, &U, stats, part_o, part_m, part_l)

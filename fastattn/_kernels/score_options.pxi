@@ -8,14 +8,20 @@ cdef void apply_score_options(const Plan *P, floating *srow, int64_t i, int64_t 
     cdef int64_t j, grp = ws.goff[i], r = i
     cdef int64_t pos_in = 0
     cdef floating slope, d
-    cdef const floating *bias
+    cdef const char *bias
     cdef const uint8_t *mask
     if P.softcap > 0:
         row_softcap(srow + a, e - a, <floating>P.softcap)
     if P.has_bias:
-        bias = (<const floating *>P.bias.base) + boff
-        for j in range(a, e):
-            srow[j] += bias[(t0 + j) * P.bias.sc]
+        bias = stored_at(&P.bias, boff)
+        if P.bias.store == native_store(<floating>0):
+            for j in range(a, e):
+                srow[j] += (<const floating *>bias)[(t0 + j) * P.bias.sc]
+        elif P.bias.sc == 1:
+            stored_add_row(P.bias.store, srow + a, bias + (t0 + a) * P.bias.item, e - a)
+        else:
+            for j in range(a, e):
+                srow[j] += <floating>stored_value(P.bias.store, bias, (t0 + j) * P.bias.sc)
     if P.has_alibi:
         slope = (<const floating *>P.slopes)[b * P.g + grp]
         for j in range(a, e):
@@ -43,9 +49,9 @@ cdef void apply_score_options_qvec(const Plan *P, const Workspace *ws, floating 
     The same order as the row-major path (apply_score_options)."""
     cdef int64_t i, j, r, grp, pos, p
     cdef floating *lane
-    cdef const floating *brow
+    cdef const char *brow
     cdef const uint8_t *mrows[64]       # one chunk of lanes (at most 64)
-    cdef const floating *brows[64]
+    cdef const char *brows[64]
     cdef floating slope, dist
     cdef int nv = <int>(nlanes // (FA_VBYTES // sizeof(floating)))
     cdef int fast_bias = P.has_bias and P.bias.sc == 1
@@ -61,12 +67,8 @@ cdef void apply_score_options_qvec(const Plan *P, const Workspace *ws, floating 
         for i in range(ni):
             r = i0 + i
             grp = ws.goff[r]
-            brows[i] = ((<const floating *>P.bias.base) + bbo + grp * P.bias.sg
-                        + (r0 + r - grp * P.Lq) * P.bias.sr + t0)
-        if floating is float:
-            fa_qvec_bias_f(st, ld, j0, j1, brows, ni)
-        else:
-            fa_qvec_bias_d(st, ld, j0, j1, brows, ni)
+            brows[i] = stored_at(&P.bias, bbo + grp * P.bias.sg + (r0 + r - grp * P.Lq) * P.bias.sr + t0)
+        stored_qvec_bias(P.bias.store, st, ld, j0, j1, brows, ni)
     if fast_alibi:
         if floating is float:
             fa_qvec_alibi_f(st, ld, j0, j1, t0, (<const float *>P.slopes) + b * P.g, ws.goff + i0,
@@ -81,9 +83,9 @@ cdef void apply_score_options_qvec(const Plan *P, const Workspace *ws, floating 
             grp = ws.goff[r]
             pos = r0 + r - grp * P.Lq
             if P.has_bias and not fast_bias:
-                brow = (<const floating *>P.bias.base) + bbo + grp * P.bias.sg + pos * P.bias.sr
+                brow = stored_at(&P.bias, bbo + grp * P.bias.sg + pos * P.bias.sr)
                 for j in range(j0, j1):
-                    lane[j * ld] += brow[(t0 + j) * P.bias.sc]
+                    lane[j * ld] += <floating>stored_value(P.bias.store, brow, (t0 + j) * P.bias.sc)
             if P.has_alibi and not fast_alibi:
                 slope = (<const floating *>P.slopes)[b * P.g + grp]
                 p = ws.pos[r]

@@ -170,6 +170,22 @@ static inline __attribute__((always_inline)) void fa_transpose_u8x16(fa_u8x16 *r
 }
 #endif
 
+/* Prefetch hints for nbytes from p (one per cache line), and how many rows of
+ * row_bytes the prefetch distance FA_PF_BYTES covers (at least one).  The loops
+ * that stream keys and values from memory use these, by element type through
+ * fa_prefetch / fa_pf_rows (vec_core.h) and by storage type (widen.h). */
+static inline void fa_prefetch_bytes(const void *p, int64_t nbytes)
+{
+    const char *c = (const char *)p;
+    for (int64_t b = 0; b < nbytes; b += 64) __builtin_prefetch(c + b, 0, FA_PF_LOC);
+}
+
+static inline int64_t fa_pf_rows_bytes(int64_t bytes)
+{
+    int64_t r = bytes > 0 ? (FA_PF_BYTES + bytes - 1) / bytes : 1;
+    return r < 1 ? 1 : r;
+}
+
 /* 64-byte aligned allocation (not zeroed); NULL on failure.  The original
  * pointer is stored just before the aligned block so fa_free can release it. */
 static inline void *fa_alloc(size_t nbytes)

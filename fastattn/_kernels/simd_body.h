@@ -9,7 +9,41 @@
 #include "vec_core.h"
 #include "vec_exp.h"
 #include "softmax_cols.h"
+/* the readers of stored q, k, v, once per storage type (FA_S) of this compute
+ * type; the native storage keeps the compute type's names (fa_qk_rows_f ...) */
+#define FA_S FA_T
+#define FA_SSFX(name) FA_SFX(name)
+#define FA_S_NATIVE 1
+#include "widen.h"
 #include "stored_reads.h"
+#undef FA_S_NATIVE
+#undef FA_SSFX
+#undef FA_S
+#ifndef FA_DOUBLE
+/* float compute: half-precision and int8 storage (double compute reads only doubles) */
+#define FA_S uint16_t
+#define FA_SSFX(name) name##_fh
+#define FA_S_F16 1
+#include "widen.h"
+#include "stored_reads.h"
+#undef FA_S_F16
+#undef FA_SSFX
+#define FA_SSFX(name) name##_fb
+#define FA_S_BF16 1
+#include "widen.h"
+#include "stored_reads.h"
+#undef FA_S_BF16
+#undef FA_SSFX
+#undef FA_S
+#define FA_S int8_t
+#define FA_SSFX(name) name##_fi8
+#define FA_S_I8 1
+#include "widen.h"
+#include "stored_reads.h"
+#undef FA_S_I8
+#undef FA_SSFX
+#undef FA_S
+#endif
 #include "tile_kernels.h"
 #include "qvec_kernels.h"
 

@@ -1,15 +1,17 @@
 /* Every kernel that reads q, k or v where the caller stores them: dot products
  * and scores of few query rows against key rows read in place (decode), P.V
  * over value rows read in place, the copy of value rows into a packed tile, and
- * the transposed pack of query or key rows.  Part of the per-type body
- * (simd_body.h).  Not a standalone header. */
+ * the transposed pack of query or key rows.  Stored elements have the storage
+ * type FA_S and are read through widen.h (FA_SSFX names this instantiation);
+ * the packed query rows, scores, probabilities and accumulators are FA_T.
+ * Part of the per-type body (simd_body.h).  Not a standalone header. */
 
 /* Transposed query pack: qt[d * ld + i] = q[qoff[i] + d] * scale for i < nr,
  * d < D (query elements contiguous).  W x W blocks through registers as in
  * fa_qvec_store_rows.  pf != 0: while a block of W rows is read, the same elements
  * pf further on are requested (the key pack streams its rows from memory and
  * passes W rows' stride: the next block's rows). */
-static inline void FA_SFX(fa_pack_transposed)(const FA_T *q, const int64_t *qoff, int64_t nr, int64_t D, FA_T scale,
+static inline void FA_SSFX(fa_pack_transposed)(const FA_S *q, const int64_t *qoff, int64_t nr, int64_t D, FA_T scale,
                                       FA_T *qt, int64_t ld, int64_t pf)
 {
     int64_t i0 = 0;
@@ -20,16 +22,16 @@ static inline void FA_SFX(fa_pack_transposed)(const FA_T *q, const int64_t *qoff
             FA_V r[FA_W];
             if (pf)
                 FA_UNROLL for (int i = 0; i < FA_W; i++) __builtin_prefetch(q + qoff[i0 + i] + pf + d0, 0, FA_PF_LOC);
-            FA_UNROLL for (int i = 0; i < FA_W; i++) r[i] = FA_SFX(fa_load)(q + qoff[i0 + i] + d0);
+            FA_UNROLL for (int i = 0; i < FA_W; i++) r[i] = FA_SSFX(fa_load_s)(q + qoff[i0 + i] + d0);
             FA_SFX(fa_transpose)(r);
             FA_UNROLL for (int d = 0; d < FA_W; d++) FA_SFX(fa_store)(qt + (d0 + d) * ld + i0, r[d] * scale);
         }
         for (int64_t d = d0; d < D; d++)
-            for (int64_t i = i0; i < i0 + FA_W; i++) qt[d * ld + i] = q[qoff[i] + d] * scale;
+            for (int64_t i = i0; i < i0 + FA_W; i++) qt[d * ld + i] = FA_SSFX(fa_scalar_s)(q[qoff[i] + d]) * scale;
     }
 #endif
     for (int64_t d = 0; d < D; d++)
-        for (int64_t i = i0; i < nr; i++) qt[d * ld + i] = q[qoff[i] + d] * scale;
+        for (int64_t i = i0; i < nr; i++) qt[d * ld + i] = FA_SSFX(fa_scalar_s)(q[qoff[i] + d]) * scale;
 }
 
 /* PV micro-kernel on mr (<= FA_PV_MR) rows and nv (<= FA_PV_NV) vectors of
@@ -37,7 +39,7 @@ static inline void FA_SFX(fa_pack_transposed)(const FA_T *q, const int64_t *qoff
  * O[0:mr, :nv*W] += P[0:mr, k0:k1] . V[k0:k1, :nv*W].  pfn > 0: the value rows
  * pf further on are requested, pfn elements each (V streamed from memory). */
 static inline __attribute__((always_inline)) void
-FA_SFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp, int64_t ldv,
+FA_SSFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict vp, int64_t ldv,
                     int64_t k0, int64_t k1, FA_T *restrict o, int64_t ldo, const int mr, const int nv,
                     int64_t pf, int64_t pfn)
 {
@@ -47,9 +49,9 @@ FA_SFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp
             if (i < mr && v < nv) acc[i][v] = FA_SFX(fa_load)(o + i * ldo + v * FA_W);
     for (int64_t k = k0; k < k1; k++) {
         FA_V b[FA_PV_NV];
-        if (pfn) FA_SFX(fa_prefetch)(vp + (k + pf) * ldv, pfn);
+        if (pfn) FA_SSFX(fa_prefetch_s)(vp + (k + pf) * ldv, pfn);
         FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
-            if (v < nv) b[v] = FA_SFX(fa_load)(vp + k * ldv + v * FA_W);
+            if (v < nv) b[v] = FA_SSFX(fa_load_s)(vp + k * ldv + v * FA_W);
         FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
             if (i < mr) {
                 const FA_V a = FA_SFX(fa_set1)(p[i * ldp + k]);
@@ -66,17 +68,17 @@ FA_SFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp
  * constant after inlining), in column chunks of FA_PV_NV vectors and one chunk
  * of the rest.  pfn > 0: the first chunk requests the value rows pf ahead. */
 static inline __attribute__((always_inline)) void
-FA_SFX(fa_pv_cols)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp, int64_t ldv,
+FA_SSFX(fa_pv_cols)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict vp, int64_t ldv,
                    int64_t k0, int64_t k1, FA_T *restrict o, int64_t ldo, int64_t nvec, const int mr,
                    int64_t pf, int64_t pfn)
 {
     int64_t c = 0;
     for (; c + FA_PV_NV <= nvec; c += FA_PV_NV, pfn = 0)
-        FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, FA_PV_NV, pf, pfn);
+        FA_SSFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, FA_PV_NV, pf, pfn);
     switch (nvec - c) {
-    case 1: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 1, pf, pfn); break;
-    case 2: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 2, pf, pfn); break;
-    case 3: FA_SFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 3, pf, pfn); break;
+    case 1: FA_SSFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 1, pf, pfn); break;
+    case 2: FA_SSFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 2, pf, pfn); break;
+    case 3: FA_SSFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 3, pf, pfn); break;
     default: break;
     }
 }
@@ -86,17 +88,17 @@ FA_SFX(fa_pv_cols)(const FA_T *restrict p, int64_t ldp, const FA_T *restrict vp,
  * contiguous row at a time, so nothing is packed and no lane is wasted on
  * padding rows; these loops are bound by memory bandwidth, not FLOPs. */
 
-static inline FA_T FA_SFX(fa_dot)(const FA_T *a, const FA_T *b, int64_t n)
+static inline FA_T FA_SSFX(fa_dot)(const FA_T *a, const FA_S *b, int64_t n)
 {
     FA_V acc0 = FA_SFX(fa_set1)(0), acc1 = acc0;
     int64_t d = 0;
     for (; d + 2 * FA_W <= n; d += 2 * FA_W) {
-        acc0 += FA_SFX(fa_load)(a + d) * FA_SFX(fa_load)(b + d);
-        acc1 += FA_SFX(fa_load)(a + d + FA_W) * FA_SFX(fa_load)(b + d + FA_W);
+        acc0 += FA_SFX(fa_load)(a + d) * FA_SSFX(fa_load_s)(b + d);
+        acc1 += FA_SFX(fa_load)(a + d + FA_W) * FA_SSFX(fa_load_s)(b + d + FA_W);
     }
-    for (; d + FA_W <= n; d += FA_W) acc0 += FA_SFX(fa_load)(a + d) * FA_SFX(fa_load)(b + d);
+    for (; d + FA_W <= n; d += FA_W) acc0 += FA_SFX(fa_load)(a + d) * FA_SSFX(fa_load_s)(b + d);
     FA_T s = 0;
-    for (; d < n; d++) s += a[d] * b[d];
+    for (; d < n; d++) s += a[d] * FA_SSFX(fa_scalar_s)(b[d]);
     return s + FA_SFX(fa_hsum)(acc0 + acc1);
 }
 
@@ -104,25 +106,25 @@ static inline FA_T FA_SFX(fa_dot)(const FA_T *a, const FA_T *b, int64_t n)
  * whole vectors at a time; a row's last partial vector is stored whole with
  * zeros past D (dst rows hold D rounded up to a vector).  Returns 1 if any
  * copied element is inf or NaN (x * 0 is NaN only for those). */
-static inline int FA_SFX(fa_pack_rows)(const FA_T *src, int64_t sr, int64_t n, int64_t D,
+static inline int FA_SSFX(fa_pack_rows)(const FA_S *src, int64_t sr, int64_t n, int64_t D,
                                        FA_T *dst, int64_t ldd)
 {
     FA_V acc0 = FA_SFX(fa_set1)(0), acc1 = acc0;
-    const int64_t pf = FA_SFX(fa_pf_rows)(D);
+    const int64_t pf = FA_SSFX(fa_pf_rows_s)(D);
     for (int64_t j = 0; j < n; j++) {
-        const FA_T *s = src + j * sr;
+        const FA_S *s = src + j * sr;
         FA_T *d = dst + j * ldd;
-        FA_SFX(fa_prefetch)(s + pf * sr, D);
+        FA_SSFX(fa_prefetch_s)(s + pf * sr, D);
         int64_t c = 0;
         for (; c + 2 * FA_W <= D; c += 2 * FA_W) {
-            const FA_V x0 = FA_SFX(fa_load)(s + c), x1 = FA_SFX(fa_load)(s + c + FA_W);
+            const FA_V x0 = FA_SSFX(fa_load_s)(s + c), x1 = FA_SSFX(fa_load_s)(s + c + FA_W);
             FA_SFX(fa_store)(d + c, x0);
             FA_SFX(fa_store)(d + c + FA_W, x1);
             acc0 += x0 * 0;
             acc1 += x1 * 0;
         }
         for (; c < D; c += FA_W) {
-            const FA_V x = c + FA_W <= D ? FA_SFX(fa_load)(s + c) : FA_SFX(fa_load_part)(s + c, D - c, 0);
+            const FA_V x = c + FA_W <= D ? FA_SSFX(fa_load_s)(s + c) : FA_SSFX(fa_load_part_s)(s + c, D - c, 0);
             FA_SFX(fa_store)(d + c, x);
             acc0 += x * 0;
         }
@@ -144,7 +146,7 @@ static inline int FA_SFX(fa_pack_rows)(const FA_T *src, int64_t sr, int64_t n, i
  * further on is requested (the keys stream from memory: one request per load,
  * spread evenly over the pass). */
 static inline __attribute__((always_inline)) void
-FA_SFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_T *kg, int64_t ksr,
+FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_S *kg, int64_t ksr,
                    int nk, int64_t pf, FA_T *s, int64_t lds)
 {
     const int G = FA_W / R;
@@ -156,7 +158,7 @@ FA_SFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D
         FA_UNROLL for (int u = 0; u < G; u++)
             if (u < nk) {
                 if (pf) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
-                kv[u] = FA_SFX(fa_load)(kg + u * ksr + d);
+                kv[u] = FA_SSFX(fa_load_s)(kg + u * ksr + d);
             }
         FA_UNROLL for (int i = 0; i < R; i++) {
             const FA_V qv = FA_SFX(fa_load)(qp + i * ldq + d);
@@ -167,7 +169,7 @@ FA_SFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D
     if (d < D) {
         FA_V kv[FA_W];
         FA_UNROLL for (int u = 0; u < G; u++)
-            if (u < nk) kv[u] = FA_SFX(fa_load_part)(kg + u * ksr + d, D - d, 0);
+            if (u < nk) kv[u] = FA_SSFX(fa_load_part_s)(kg + u * ksr + d, D - d, 0);
         FA_UNROLL for (int i = 0; i < R; i++) {
             const FA_V qv = FA_SFX(fa_load_part)(qp + i * ldq + d, D - d, 0);
             FA_UNROLL for (int u = 0; u < G; u++)
@@ -193,34 +195,34 @@ FA_SFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D
 /* fa_qk_rows for nrow <= R rows (qp rows up to R readable; the padding rows'
  * scores are computed and dropped). */
 static inline __attribute__((always_inline)) void
-FA_SFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_T *k, int64_t ksr,
+FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_S *k, int64_t ksr,
                      int64_t n, FA_T *s, int64_t lds, int stream)
 {
     const int G = FA_W / R;
-    const int64_t pfr = FA_SFX(fa_pf_rows)(D);
+    const int64_t pfr = FA_SSFX(fa_pf_rows_s)(D);
     const int64_t pf = !stream ? 0 : pfr > G ? pfr : G;
     int64_t j = 0;
     for (; j + G <= n; j += G)
-        FA_SFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, G, pf, s + j, lds);
+        FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, G, pf, s + j, lds);
     if (j < n)
-        FA_SFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, (int)(n - j), 0, s + j, lds);
+        FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, (int)(n - j), 0, s + j, lds);
 }
 #endif
 
 #if FA_HAVE_SHUFFLE
 /* One block of rows (<= FA_QKR_MAX) in one pass per group of keys, its row count
  * padded to a power of two. */
-static inline void FA_SFX(fa_qk_rows_pad)(const FA_T *q, int64_t ldq, int rows, int64_t D, const FA_T *k,
+static inline void FA_SSFX(fa_qk_rows_pad)(const FA_T *q, int64_t ldq, int rows, int64_t D, const FA_S *k,
                                           int64_t ksr, int64_t n, FA_T *s, int64_t lds, int stream)
 {
     if (rows <= 1)
-        FA_SFX(fa_qk_rows_r)(q, ldq, 1, rows, D, k, ksr, n, s, lds, stream);
+        FA_SSFX(fa_qk_rows_r)(q, ldq, 1, rows, D, k, ksr, n, s, lds, stream);
     else if (rows <= 2 || FA_QKR_MAX < 4)
-        FA_SFX(fa_qk_rows_r)(q, ldq, 2, rows, D, k, ksr, n, s, lds, stream);
+        FA_SSFX(fa_qk_rows_r)(q, ldq, 2, rows, D, k, ksr, n, s, lds, stream);
     else if (rows <= 4 || FA_QKR_MAX < 8)
-        FA_SFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 4 ? 4 : 2, rows, D, k, ksr, n, s, lds, stream);
+        FA_SSFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 4 ? 4 : 2, rows, D, k, ksr, n, s, lds, stream);
     else
-        FA_SFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 8 ? 8 : 2, rows, D, k, ksr, n, s, lds, stream);
+        FA_SSFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 8 ? 8 : 2, rows, D, k, ksr, n, s, lds, stream);
 }
 #endif
 
@@ -232,10 +234,10 @@ static inline void FA_SFX(fa_qk_rows_pad)(const FA_T *q, int64_t ldq, int rows, 
  * per row and key (the horizontal sums' latency chains made it 4-6x slower
  * than the FMAs allow): 1.1-1.4x faster on 2-14 rows, paired, keys from memory
  * or from cache. */
-static inline void FA_SFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, int64_t D,
-                                      const FA_T *k, int64_t ksr, int64_t n, FA_T *s, int64_t lds)
+static inline void FA_SSFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, int64_t D,
+                                      const FA_S *k, int64_t ksr, int64_t n, FA_T *s, int64_t lds)
 {
-    const int64_t pf = FA_SFX(fa_pf_rows)(D);
+    const int64_t pf = FA_SSFX(fa_pf_rows_s)(D);
 #if FA_HAVE_SHUFFLE
     if (nr == 1) {
         /* a unit of a single row: key by key, one sequential stream (the decode
@@ -243,8 +245,8 @@ static inline void FA_SFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, i
          * Only for a unit of one row: a row's scores are otherwise the same for
          * any number of rows in the unit */
         for (int64_t j = 0; j < n; j++) {
-            FA_SFX(fa_prefetch)(k + (j + pf) * ksr, D);
-            s[j] = FA_SFX(fa_dot)(qp, k + j * ksr, D);
+            FA_SSFX(fa_prefetch_s)(k + (j + pf) * ksr, D);
+            s[j] = FA_SSFX(fa_dot)(qp, k + j * ksr, D);
         }
         return;
     }
@@ -257,16 +259,16 @@ static inline void FA_SFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, i
             /* a block of 4 and one of 1 or 2 (paired, 1.05-1.08x faster than one
              * block of 8 with 2-3 padding rows; splitting 3 rows as 2 + 1
              * measured 0.93x, 7 rows as 4 + 2 + 1 1.0x) */
-            FA_SFX(fa_qk_rows_pad)(q, ldq, 4, D, k, ksr, n, si, lds, stream);
-            FA_SFX(fa_qk_rows_pad)(q + 4 * ldq, ldq, rows - 4, D, k, ksr, n, si + 4 * lds, lds, 0);
+            FA_SSFX(fa_qk_rows_pad)(q, ldq, 4, D, k, ksr, n, si, lds, stream);
+            FA_SSFX(fa_qk_rows_pad)(q + 4 * ldq, ldq, rows - 4, D, k, ksr, n, si + 4 * lds, lds, 0);
         } else {
-            FA_SFX(fa_qk_rows_pad)(q, ldq, rows, D, k, ksr, n, si, lds, stream);
+            FA_SSFX(fa_qk_rows_pad)(q, ldq, rows, D, k, ksr, n, si, lds, stream);
         }
     }
 #else
     for (int64_t j = 0; j < n; j++) {
-        FA_SFX(fa_prefetch)(k + (j + pf) * ksr, D);
-        for (int64_t i = 0; i < nr; i++) s[i * lds + j] = FA_SFX(fa_dot)(qp + i * ldq, k + j * ksr, D);
+        FA_SSFX(fa_prefetch_s)(k + (j + pf) * ksr, D);
+        for (int64_t i = 0; i < nr; i++) s[i * lds + j] = FA_SSFX(fa_dot)(qp + i * ldq, k + j * ksr, D);
     }
 #endif
 }
@@ -280,32 +282,32 @@ static inline void FA_SFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, i
  * and two streams in flight keep more of a core's memory requests outstanding.
  * The values and the scores are the same bits either way. */
 static inline __attribute__((always_inline)) void
-FA_SFX(fa_pv1_qk_pass)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1, FA_T *o,
-                       const int NB, int prefetch, const FA_T *qp, int64_t D, const FA_T *kn, int64_t ksr,
+FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1, FA_T *o,
+                       const int NB, int prefetch, const FA_T *qp, int64_t D, const FA_S *kn, int64_t ksr,
                        int64_t nk, FA_T *sn)
 {
-    const int64_t pfv = FA_SFX(fa_pf_rows)(NB * FA_W), pfk = FA_SFX(fa_pf_rows)(D);
+    const int64_t pfv = FA_SSFX(fa_pf_rows_s)(NB * FA_W), pfk = FA_SSFX(fa_pf_rows_s)(D);
     const int64_t nv = k1 > k0 ? k1 - k0 : 0, both = nk < nv ? nk : nv;
     FA_V a[8];
     FA_UNROLL for (int u = 0; u < NB; u++) a[u] = FA_SFX(fa_load)(o + u * FA_W);
     int64_t i = 0;
     for (; i < both; i++) {
         const FA_V w = FA_SFX(fa_set1)(p[k0 + i]);
-        const FA_T *vr = vv + (k0 + i) * ldv;
-        if (prefetch) FA_SFX(fa_prefetch)(vr + pfv * ldv, NB * FA_W);
-        FA_SFX(fa_prefetch)(kn + (i + pfk) * ksr, D);
-        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SFX(fa_load)(vr + u * FA_W);
-        sn[i] = FA_SFX(fa_dot)(qp, kn + i * ksr, D);
+        const FA_S *vr = vv + (k0 + i) * ldv;
+        if (prefetch) FA_SSFX(fa_prefetch_s)(vr + pfv * ldv, NB * FA_W);
+        FA_SSFX(fa_prefetch_s)(kn + (i + pfk) * ksr, D);
+        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SSFX(fa_load_s)(vr + u * FA_W);
+        sn[i] = FA_SSFX(fa_dot)(qp, kn + i * ksr, D);
     }
     for (; i < nv; i++) {
         const FA_V w = FA_SFX(fa_set1)(p[k0 + i]);
-        const FA_T *vr = vv + (k0 + i) * ldv;
-        if (prefetch) FA_SFX(fa_prefetch)(vr + pfv * ldv, NB * FA_W);
-        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SFX(fa_load)(vr + u * FA_W);
+        const FA_S *vr = vv + (k0 + i) * ldv;
+        if (prefetch) FA_SSFX(fa_prefetch_s)(vr + pfv * ldv, NB * FA_W);
+        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SSFX(fa_load_s)(vr + u * FA_W);
     }
     for (; i < nk; i++) {
-        FA_SFX(fa_prefetch)(kn + (i + pfk) * ksr, D);
-        sn[i] = FA_SFX(fa_dot)(qp, kn + i * ksr, D);
+        FA_SSFX(fa_prefetch_s)(kn + (i + pfk) * ksr, D);
+        sn[i] = FA_SSFX(fa_dot)(qp, kn + i * ksr, D);
     }
     FA_UNROLL for (int u = 0; u < NB; u++) FA_SFX(fa_store)(o + u * FA_W, a[u]);
 }
@@ -315,26 +317,26 @@ FA_SFX(fa_pv1_qk_pass)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, i
  * 64-double row in one pass over the keys), then 4, then 1; prefetch: the 8-
  * and 4-vector passes request the value rows ahead.  nk > 0: the first pass
  * also computes the next tile's nk one-row scores (fa_pv1_qk_pass). */
-static inline void FA_SFX(fa_pv_qk_row1)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1,
+static inline void FA_SSFX(fa_pv_qk_row1)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1,
                                          FA_T *o, int64_t nvec, int prefetch, const FA_T *qp, int64_t D,
-                                         const FA_T *kn, int64_t ksr, int64_t nk, FA_T *sn)
+                                         const FA_S *kn, int64_t ksr, int64_t nk, FA_T *sn)
 {
     int64_t c = 0;
     for (; c + 8 <= nvec; c += 8, nk = 0)
-        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, prefetch, qp, D, kn, ksr, nk, sn);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, prefetch, qp, D, kn, ksr, nk, sn);
     for (; c + 4 <= nvec; c += 4, nk = 0)
-        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, prefetch, qp, D, kn, ksr, nk, sn);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, prefetch, qp, D, kn, ksr, nk, sn);
     for (; c < nvec; c++, nk = 0)
-        FA_SFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 1, 0, qp, D, kn, ksr, nk, sn);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 1, 0, qp, D, kn, ksr, nk, sn);
     if (nk)     /* no value columns at all: the scores alone */
-        FA_SFX(fa_pv1_qk_pass)(p, vv, ldv, 0, 0, o, 0, 0, qp, D, kn, ksr, nk, sn);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv, ldv, 0, 0, o, 0, 0, qp, D, kn, ksr, nk, sn);
 }
 
 /* fa_pv_qk_row1 without the next tile's scores. */
-static inline void FA_SFX(fa_pv_row1)(const FA_T *p, const FA_T *vv, int64_t ldv, int64_t k0, int64_t k1,
+static inline void FA_SSFX(fa_pv_row1)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1,
                                       FA_T *o, int64_t nvec, int prefetch)
 {
-    FA_SFX(fa_pv_qk_row1)(p, vv, ldv, k0, k1, o, nvec, prefetch, NULL, 0, NULL, 0, 0, NULL);
+    FA_SSFX(fa_pv_qk_row1)(p, vv, ldv, k0, k1, o, nvec, prefetch, NULL, 0, NULL, 0, 0, NULL);
 }
 
 /* O[i][0:nvec*W] += sum_{k in [k0,k1)} P[i][k] * V[k][0:nvec*W] for i < nr, V rows
@@ -343,10 +345,10 @@ static inline void FA_SFX(fa_pv_row1)(const FA_T *p, const FA_T *vv, int64_t ldv
  * per row (its accumulation order per element is the packed path's); a last
  * single row through fa_pv_row1.  The first pass over the keys streams the
  * values from memory and requests whole rows ahead. */
-static inline void FA_SFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, const FA_T *vv, int64_t ldv,
+static inline void FA_SSFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, const FA_S *vv, int64_t ldv,
                                       int64_t k0, int64_t k1, FA_T *o, int64_t ldo, int64_t nvec)
 {
-    const int64_t pf = FA_SFX(fa_pf_rows)(nvec * FA_W);
+    const int64_t pf = FA_SSFX(fa_pf_rows_s)(nvec * FA_W);
     int64_t i0 = 0;
     while (nr - i0 >= 2) {
         const int mr = nr - i0 < FA_PV_MR ? (int)(nr - i0) : FA_PV_MR;
@@ -354,7 +356,7 @@ static inline void FA_SFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, co
         FA_T *oi = o + i0 * ldo;
         const int64_t pfn = i0 == 0 ? nvec * FA_W : 0;
 #define FA_PV_ROWS_CASE(MR) \
-        case MR: FA_SFX(fa_pv_cols)(pi, ldp, vv, ldv, k0, k1, oi, ldo, nvec, MR, pf, pfn); break;
+        case MR: FA_SSFX(fa_pv_cols)(pi, ldp, vv, ldv, k0, k1, oi, ldo, nvec, MR, pf, pfn); break;
         switch (mr) {
         FA_PV_ROWS_CASE(2)
 #if FA_PV_MR >= 3
@@ -375,5 +377,50 @@ static inline void FA_SFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, co
         i0 += mr;
     }
     for (; i0 < nr; i0++)
-        FA_SFX(fa_pv_row1)(p + i0 * ldp, vv, ldv, k0, k1, o + i0 * ldo, nvec, i0 == 0);
+        FA_SSFX(fa_pv_row1)(p + i0 * ldp, vv, ldv, k0, k1, o + i0 * ldo, nvec, i0 == 0);
+}
+
+/* St[j][i] += B_i[j] for lanes i < ni and keys j in [j0, j1) of the
+ * query-vectorised path, B_i = brows[i] the lane's bias row (elements
+ * contiguous, indexed by tile key, of the storage type).  W x W blocks go through registers (W row
+ * loads, a transpose, W vector adds) instead of W*W strided scalar updates;
+ * the same single add per element, so the same bits. */
+static inline void FA_SSFX(fa_qvec_bias)(FA_T *st, int64_t lds, int64_t j0, int64_t j1,
+                                         const FA_S *const *brows, int64_t ni)
+{
+    int64_t i0 = 0;
+#if FA_HAVE_SHUFFLE
+    for (; i0 + FA_W <= ni; i0 += FA_W) {
+        int64_t j = j0;
+        for (; j + FA_W <= j1; j += FA_W) {
+            FA_V r[FA_W];
+            FA_UNROLL for (int i = 0; i < FA_W; i++) r[i] = FA_SSFX(fa_load_s)(brows[i0 + i] + j);
+            FA_SFX(fa_transpose)(r);
+            FA_UNROLL for (int k = 0; k < FA_W; k++) {
+                FA_T *p = st + (j + k) * lds + i0;
+                FA_SFX(fa_store)(p, FA_SFX(fa_load)(p) + r[k]);
+            }
+        }
+        for (; j < j1; j++)
+            for (int64_t i = i0; i < i0 + FA_W; i++) st[j * lds + i] += FA_SSFX(fa_scalar_s)(brows[i][j]);
+    }
+#endif
+    for (int64_t i = i0; i < ni; i++)
+        for (int64_t j = j0; j < j1; j++) st[j * lds + i] += FA_SSFX(fa_scalar_s)(brows[i][j]);
+}
+
+/* y[j] = x[j] * a, x stored (the query pack of a non-native storage type) */
+static inline void FA_SSFX(fa_widen_scale_row)(const FA_S *x, FA_T *y, int64_t n, FA_T a)
+{
+    int64_t j = 0;
+    for (; j + FA_W <= n; j += FA_W) FA_SFX(fa_store)(y + j, FA_SSFX(fa_load_s)(x + j) * a);
+    for (; j < n; j++) y[j] = FA_SSFX(fa_scalar_s)(x[j]) * a;
+}
+
+/* x[j] += b[j], b stored (a bias row of a non-native storage type) */
+static inline void FA_SSFX(fa_add_row)(FA_T *x, const FA_S *b, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + FA_W <= n; j += FA_W) FA_SFX(fa_store)(x + j, FA_SFX(fa_load)(x + j) + FA_SSFX(fa_load_s)(b + j));
+    for (; j < n; j++) x[j] += FA_SSFX(fa_scalar_s)(b[j]);
 }

@@ -96,28 +96,6 @@ cdef inline void qvec_softmax_chunk(floating *st, int64_t lds, int64_t j0, int64
     else:
         fa_qvec_softmax_chunk_d(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, nv)
 
-cdef inline void qk_rows(const floating *qp, int64_t ldq, int64_t nr, int64_t D, const floating *k,
-                         int64_t ksr, int64_t n, floating *s, int64_t lds) noexcept nogil:
-    if floating is float:
-        fa_qk_rows_f(qp, ldq, nr, D, k, ksr, n, s, lds)
-    else:
-        fa_qk_rows_d(qp, ldq, nr, D, k, ksr, n, s, lds)
-
-cdef inline void pv_rows(const floating *p, int64_t ldp, int64_t nr, const floating *v, int64_t ldv,
-                         int64_t k0, int64_t k1, floating *o, int64_t ldo, int64_t nvec) noexcept nogil:
-    if floating is float:
-        fa_pv_rows_f(p, ldp, nr, v, ldv, k0, k1, o, ldo, nvec)
-    else:
-        fa_pv_rows_d(p, ldp, nr, v, ldv, k0, k1, o, ldo, nvec)
-
-cdef inline void pv_qk_row1(const floating *p, const floating *v, int64_t ldv, int64_t k0, int64_t k1,
-                            floating *o, int64_t nvec, const floating *qp, int64_t D, const floating *kn,
-                            int64_t ksr, int64_t nk, floating *sn) noexcept nogil:
-    if floating is float:
-        fa_pv_qk_row1_f(p, v, ldv, k0, k1, o, nvec, 1, qp, D, kn, ksr, nk, sn)
-    else:
-        fa_pv_qk_row1_d(p, v, ldv, k0, k1, o, nvec, 1, qp, D, kn, ksr, nk, sn)
-
 cdef inline void qvec_bool_mask_chunk(floating *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                   const uint8_t *const *mrows, int64_t nl, int64_t sc,
                                   uint8_t *tbuf, int nv) noexcept nogil:
@@ -138,3 +116,148 @@ cdef inline int block_nonfinite(const floating *x, int64_t rows, int64_t cols, i
         return fa_block_nonfinite_f(x, rows, cols, sr, sc)
     else:
         return fa_block_nonfinite_d(x, rows, cols, sr, sc)
+
+
+# ---------------------------------------------------------------- readers of stored operands
+# One branch per storage type (STORE_*, plan.pxi): the kernels of stored_reads.h
+# instantiated for it.  Stored pointers are addresses of elements of that type
+# (stored_at); the double compute type reads only float64.
+
+cdef inline int native_store(floating dummy) noexcept nogil:
+    """The storage type that is the compute type itself (packed tiles)."""
+    return STORE_F32 if floating is float else STORE_F64
+
+
+cdef inline double stored_value(int store, const char *p, int64_t i) noexcept nogil:
+    """Element i of the stored array at p, exactly (every storage type's values are
+    float32 or float64 values)."""
+    if store == STORE_F32:
+        return (<const float *>p)[i]
+    if store == STORE_F64:
+        return (<const double *>p)[i]
+    if store == STORE_F16:
+        return fa_scalar_s_fh((<const uint16_t *>p)[i])
+    if store == STORE_BF16:
+        return fa_scalar_s_fb((<const uint16_t *>p)[i])
+    return (<const int8_t *>p)[i]
+
+
+cdef inline void stored_qk_rows(int store, const floating *qp, int64_t ldq, int64_t nr, int64_t D,
+                                const char *k, int64_t ksr, int64_t n, floating *s, int64_t lds) noexcept nogil:
+    """S[i][j] = qp[i] . k[j] for nr packed query rows and n stored key rows (ksr apart)."""
+    if floating is double:
+        fa_qk_rows_d(qp, ldq, nr, D, <const double *>k, ksr, n, s, lds)
+    elif store == STORE_F32:
+        fa_qk_rows_f(qp, ldq, nr, D, <const float *>k, ksr, n, s, lds)
+    elif store == STORE_F16:
+        fa_qk_rows_fh(qp, ldq, nr, D, <const uint16_t *>k, ksr, n, s, lds)
+    elif store == STORE_BF16:
+        fa_qk_rows_fb(qp, ldq, nr, D, <const uint16_t *>k, ksr, n, s, lds)
+    else:
+        fa_qk_rows_fi8(qp, ldq, nr, D, <const int8_t *>k, ksr, n, s, lds)
+
+
+cdef inline void stored_pv_rows(int store, const floating *p, int64_t ldp, int64_t nr, const char *v, int64_t ldv,
+                                int64_t k0, int64_t k1, floating *o, int64_t ldo, int64_t nvec) noexcept nogil:
+    """O[i] += sum_k P[i][k] V[k] for nr rows over stored value rows (ldv apart)."""
+    if floating is double:
+        fa_pv_rows_d(p, ldp, nr, <const double *>v, ldv, k0, k1, o, ldo, nvec)
+    elif store == STORE_F32:
+        fa_pv_rows_f(p, ldp, nr, <const float *>v, ldv, k0, k1, o, ldo, nvec)
+    elif store == STORE_F16:
+        fa_pv_rows_fh(p, ldp, nr, <const uint16_t *>v, ldv, k0, k1, o, ldo, nvec)
+    elif store == STORE_BF16:
+        fa_pv_rows_fb(p, ldp, nr, <const uint16_t *>v, ldv, k0, k1, o, ldo, nvec)
+    else:
+        fa_pv_rows_fi8(p, ldp, nr, <const int8_t *>v, ldv, k0, k1, o, ldo, nvec)
+
+
+cdef inline void stored_pv_qk_row1(int store, const floating *p, const char *v, int64_t ldv, int64_t k0, int64_t k1,
+                                   floating *o, int64_t nvec, const floating *qp, int64_t D, const char *kn,
+                                   int64_t ksr, int64_t nk, floating *sn) noexcept nogil:
+    """One row's P.V over stored value rows and the next tile's scores over stored
+    key rows (both of storage type store) in one pass."""
+    if floating is double:
+        fa_pv_qk_row1_d(p, <const double *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const double *>kn, ksr, nk, sn)
+    elif store == STORE_F32:
+        fa_pv_qk_row1_f(p, <const float *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const float *>kn, ksr, nk, sn)
+    elif store == STORE_F16:
+        fa_pv_qk_row1_fh(p, <const uint16_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint16_t *>kn, ksr, nk, sn)
+    elif store == STORE_BF16:
+        fa_pv_qk_row1_fb(p, <const uint16_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint16_t *>kn, ksr, nk, sn)
+    else:
+        fa_pv_qk_row1_fi8(p, <const int8_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const int8_t *>kn, ksr, nk, sn)
+
+
+cdef inline void stored_pack_transposed(int store, const char *q, const int64_t *qoff, int64_t nr, int64_t D,
+                                        floating scale, floating *qt, int64_t ld, int64_t pf) noexcept nogil:
+    """qt[d * ld + i] = q[qoff[i] + d] * scale (stored rows, elements contiguous)."""
+    if floating is double:
+        fa_pack_transposed_d(<const double *>q, qoff, nr, D, scale, qt, ld, pf)
+    elif store == STORE_F32:
+        fa_pack_transposed_f(<const float *>q, qoff, nr, D, scale, qt, ld, pf)
+    elif store == STORE_F16:
+        fa_pack_transposed_fh(<const uint16_t *>q, qoff, nr, D, scale, qt, ld, pf)
+    elif store == STORE_BF16:
+        fa_pack_transposed_fb(<const uint16_t *>q, qoff, nr, D, scale, qt, ld, pf)
+    else:
+        fa_pack_transposed_fi8(<const int8_t *>q, qoff, nr, D, scale, qt, ld, pf)
+
+
+cdef inline int stored_pack_rows(int store, const char *src, int64_t sr, int64_t n, int64_t D,
+                                 floating *dst, int64_t ldd) noexcept nogil:
+    """n stored rows of D contiguous elements into dst rows ldd apart (widened);
+    1 when one of them is inf or NaN."""
+    if floating is double:
+        return fa_pack_rows_d(<const double *>src, sr, n, D, dst, ldd)
+    elif store == STORE_F32:
+        return fa_pack_rows_f(<const float *>src, sr, n, D, dst, ldd)
+    elif store == STORE_F16:
+        return fa_pack_rows_fh(<const uint16_t *>src, sr, n, D, dst, ldd)
+    elif store == STORE_BF16:
+        return fa_pack_rows_fb(<const uint16_t *>src, sr, n, D, dst, ldd)
+    else:
+        return fa_pack_rows_fi8(<const int8_t *>src, sr, n, D, dst, ldd)
+
+
+cdef inline void stored_scale_row(int store, const char *x, floating *y, int64_t n, floating a) noexcept nogil:
+    """y[j] = x[j] * a, x a stored row."""
+    if floating is double:
+        fa_row_scale_d(<const double *>x, y, n, a)
+    elif store == STORE_F32:
+        fa_row_scale_f(<const float *>x, y, n, a)
+    elif store == STORE_F16:
+        fa_widen_scale_row_fh(<const uint16_t *>x, y, n, a)
+    elif store == STORE_BF16:
+        fa_widen_scale_row_fb(<const uint16_t *>x, y, n, a)
+    else:
+        fa_widen_scale_row_fi8(<const int8_t *>x, y, n, a)
+
+
+cdef inline void stored_add_row(int store, floating *x, const char *b, int64_t n) noexcept nogil:
+    """x[j] += b[j], b a stored row (a bias of a half-precision type)."""
+    if floating is double:
+        fa_add_row_d(x, <const double *>b, n)
+    elif store == STORE_F32:
+        fa_add_row_f(x, <const float *>b, n)
+    elif store == STORE_F16:
+        fa_add_row_fh(x, <const uint16_t *>b, n)
+    elif store == STORE_BF16:
+        fa_add_row_fb(x, <const uint16_t *>b, n)
+    else:
+        fa_add_row_fi8(x, <const int8_t *>b, n)
+
+
+cdef inline void stored_qvec_bias(int store, floating *st, int64_t lds, int64_t j0, int64_t j1,
+                                  const char *const *brows, int64_t ni) noexcept nogil:
+    """St[j][i] += B_i[j] over lanes i < ni, B_i the lanes' stored bias rows."""
+    if floating is double:
+        fa_qvec_bias_d(st, lds, j0, j1, <const double *const *>brows, ni)
+    elif store == STORE_F32:
+        fa_qvec_bias_f(st, lds, j0, j1, <const float *const *>brows, ni)
+    elif store == STORE_F16:
+        fa_qvec_bias_fh(st, lds, j0, j1, <const uint16_t *const *>brows, ni)
+    elif store == STORE_BF16:
+        fa_qvec_bias_fb(st, lds, j0, j1, <const uint16_t *const *>brows, ni)
+    else:
+        fa_qvec_bias_fi8(st, lds, j0, j1, <const int8_t *const *>brows, ni)

@@ -279,8 +279,7 @@ static inline void FA_SFX(fa_row_shift)(const FA_T *x, FA_T *y, int64_t n, FA_T 
  * past the end of an array is harmless. */
 static inline void FA_SFX(fa_prefetch)(const FA_T *p, int64_t n)
 {
-    const char *c = (const char *)p;
-    for (int64_t b = 0; b < n * (int64_t)sizeof(FA_T); b += 64) __builtin_prefetch(c + b, 0, FA_PF_LOC);
+    fa_prefetch_bytes(p, n * (int64_t)sizeof(FA_T));
 }
 
 /* Prefetch rows [0, nrows) of n contiguous elements, sr apart. */
@@ -291,9 +290,7 @@ static inline void FA_SFX(fa_prefetch_rows)(const FA_T *p, int64_t nrows, int64_
 
 static inline int64_t FA_SFX(fa_pf_rows)(int64_t row_elems)
 {
-    int64_t bytes = row_elems * (int64_t)sizeof(FA_T);
-    int64_t r = bytes > 0 ? (FA_PF_BYTES + bytes - 1) / bytes : 1;
-    return r < 1 ? 1 : r;
+    return fa_pf_rows_bytes(row_elems * (int64_t)sizeof(FA_T));
 }
 
 /* W bytes, zero-extended to the W lanes of an integer vector: one vpmovzxb{d,q}

@@ -26,6 +26,8 @@ cdef struct Workspace:
     void *hif       # ld
     void *mxt       # chunk              max of the current tile per query lane
     void *mtb       # BLOCK_K x chunk    transposed boolean-mask block (bytes)
+    void *kw        # BLOCK_K x Dkp      a key tile widened from its storage type (non-native only)
+    void *vw        # BLOCK_K x Dvp      a value tile widened likewise
 
 
 cdef inline int64_t rows_alloc(int64_t rows) noexcept nogil:
@@ -64,10 +66,14 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
     cdef int64_t dk = P.Dk if P.Dk > 0 else 1
     cdef int64_t dv = P.Dv if P.Dv > 0 else 1
     cdef int64_t ld = qvec_ld(item)
+    cdef int native = STORE_F32 if item == 4 else STORE_F64
     ws.qp = ws.kt = ws.vp = ws.s = ws.o = ws.m = NULL
     ws.l = NULL
-    ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = ws.mtb = ws.mxt = NULL
+    ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = ws.mtb = ws.mxt = ws.kw = ws.vw = NULL
     if use_qvec:
+        if P.k.store != native or P.v.store != native:
+            ws.kw = carve(&cur, BLOCK_K * round_up(dk, W) * item)
+            ws.vw = carve(&cur, BLOCK_K * dvp * item)
         ws.qt = carve(&cur, dk * ld * item)
         ws.st = carve(&cur, BLOCK_K * ld * item)
         ws.ot = carve(&cur, dv * ld * item)
