@@ -36,12 +36,17 @@ cdef inline bint plain(x) noexcept:
 cdef inline bint behaved_array(cnp.ndarray a) noexcept:
     """Aligned, native byte order, strides multiples of the item size."""
     cdef int d
+    cdef cnp.npy_intp item = cnp.PyArray_ITEMSIZE(a), bits = 0
     if not cnp.PyArray_ISBEHAVED_RO(a):
         return False
+    if item & (item - 1):
+        for d in range(a.ndim):
+            if a.strides[d] % item:
+                return False
+        return True
     for d in range(a.ndim):
-        if a.strides[d] % cnp.PyArray_ITEMSIZE(a):
-            return False
-    return True
+        bits |= a.strides[d]
+    return (bits & (item - 1)) == 0
 
 
 cdef cnp.ndarray as_input(x, str name):
@@ -116,6 +121,11 @@ cdef int causal_code(causal) except -1:
         return CAUSAL_NONE
     if causal is True:
         return CAUSAL_TOP_LEFT
+    if type(causal) is str:
+        if causal == "bottom_right":
+            return CAUSAL_BOTTOM_RIGHT
+        if causal == "top_left":
+            return CAUSAL_TOP_LEFT
     if isinstance(causal, np.bool_):
         return CAUSAL_TOP_LEFT if causal else CAUSAL_NONE
     if isinstance(causal, str):
@@ -199,6 +209,30 @@ cdef str shape_text(cnp.ndarray a, int ndrop):
     return str((<object>a).shape[:a.ndim - ndrop])
 
 
+cdef bint batch_layout_same_rank(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.npy_intp *bq) noexcept:
+    """batch_layout's usual case, without broadcasting arithmetic: q, k, v of one
+    rank, k and v with the same batch dims, each equal to q's or 1 (shared), the
+    head axis (-3) of k dividing q's (grouped heads).  False for anything else."""
+    cdef int nb = q.ndim - 2, d
+    cdef int64_t g = 1
+    for d in range(nb):
+        if k.shape[d] != v.shape[d]:
+            return False
+        if k.shape[d] != q.shape[d]:
+            if d == nb - 1 and 0 < k.shape[d] < q.shape[d] and q.shape[d] % k.shape[d] == 0:
+                g = q.shape[d] // k.shape[d]
+            elif k.shape[d] != 1:
+                return False
+    for d in range(nb):
+        P.bshape[d] = q.shape[d]
+        bq[d] = q.shape[d]
+    if g > 1:
+        P.bshape[nb - 1] = k.shape[nb - 1]
+    P.nb = nb
+    P.g = g
+    return True
+
+
 cdef int batch_layout(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v,
                       cnp.npy_intp *bq, int *nbq) except -1:
     """The broadcast batch dims of q, k, v.  Grouped heads (torch enable_gqa): when
@@ -210,6 +244,9 @@ cdef int batch_layout(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v,
     cdef int nq = q.ndim - 2, nk = k.ndim - 2, nv = v.ndim - 2, nb, d
     cdef cnp.npy_intp kv[MAXDIM]
     cdef int64_t g = 1
+    if nq == nk and nq == nv and nq <= MAXDIM and batch_layout_same_rank(P, q, k, v, bq):
+        nbq[0] = nq
+        return 0
     nb = max(nq, max(nk, nv))
     if nb > MAXDIM:
         raise ValueError("too many batch dimensions")
@@ -351,7 +388,7 @@ cdef cnp.ndarray kv_lengths_table(kv_lengths, const cnp.npy_intp *bq, int nbq, i
     cdef const int64_t *p
     cdef int64_t lo, hi
     cdef cnp.npy_intp i, n
-    if a.dtype.kind not in "iu":
+    if not cnp.PyArray_ISINTEGER(a):
         raise TypeError(f"kv_lengths must be an integer array, got dtype {a.dtype}")
     t = batch_table(a, "kv_lengths", bq, nbq, cnp.NPY_INT64)
     n = cnp.PyArray_SIZE(t)

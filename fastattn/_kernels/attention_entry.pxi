@@ -94,9 +94,12 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     if return_lse:
         lse = cnp.PyArray_EMPTY(nbq + 1, dims, ctype, 0)
     # (the converted arrays must outlive the plan, which holds their data pointers)
-    qa = to_compute(qa, ctype)
-    ka = to_compute(ka, ctype)
-    va = to_compute(va, ctype)
+    if cnp.PyArray_TYPE(qa) != ctype or not behaved_array(qa):
+        qa = to_compute(qa, ctype)
+    if cnp.PyArray_TYPE(ka) != ctype or not behaved_array(ka):
+        ka = to_compute(ka, ctype)
+    if cnp.PyArray_TYPE(va) != ctype or not behaved_array(va):
+        va = to_compute(va, ctype)
     plan_init(&P, qa, ka, va, res)
     plan_options(&P, ma, ba, kvt, slt, wts, lse)
     plan_run(&P, ctype, num_threads)

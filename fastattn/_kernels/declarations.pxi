@@ -32,6 +32,8 @@ cdef extern from "simd.h" nogil:
         FA_PV_NV
     void *fa_alloc(size_t nbytes)
     void fa_free(void *p)
+    void *fa_arena_take(size_t nbytes)
+    void fa_arena_give(void *p, size_t nbytes)
     float fa_row_max_f(const float *x, int64_t n)
     double fa_row_max_d(const double *x, int64_t n)
     float fa_row_max_nonan_f(const float *x, int64_t n)

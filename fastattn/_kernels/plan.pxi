@@ -93,6 +93,8 @@ cdef inline int64_t batch_offset(const Plan *P, const Operand *op, int64_t b) no
     """Element offset of batch element b (row-major over bshape) in operand op."""
     cdef int64_t off = 0, idx
     cdef int d
+    if b == 0:
+        return 0
     for d in range(P.nb - 1, -1, -1):
         idx = b % P.bshape[d]
         b = b // P.bshape[d]
@@ -135,21 +137,23 @@ cdef int fill_operand(Operand *op, cnp.ndarray a, int trailing, const Plan *P, i
     cdef int nd = a.ndim
     cdef int nbd = nd - trailing
     cdef int64_t item = cnp.PyArray_ITEMSIZE(a)
-    cdef int d, pd
+    cdef int d, pd, shift = 0
     cdef int64_t size, stride
     op.base = <char *>cnp.PyArray_DATA(a)
     op.item = item
     op.store = store_of(a)
     op.sg = 0
+    while (<int64_t>1 << shift) < item:
+        shift += 1      # item sizes are powers of two: strides in elements by a shift
     for d in range(P.nb):
         op.bs[d] = 0
     for d in range(nbd):
         pd = P.nb - nbd + d
         size = a.shape[d]
         stride = a.strides[d]
-        if stride % item:
+        if stride & (item - 1):
             raise ValueError("array strides must be multiples of the item size")
-        stride //= item
+        stride >>= shift
         if size == 1:
             continue
         if pd == P.nb - 1 and P.g > 1 and size == hq:
@@ -157,8 +161,8 @@ cdef int fill_operand(Operand *op, cnp.ndarray a, int trailing, const Plan *P, i
             op.sg = stride
         else:
             op.bs[pd] = stride
-    op.sr = a.strides[nd - trailing] // item if trailing >= 1 else 0
-    op.sc = a.strides[nd - 1] // item if trailing >= 2 else 0
+    op.sr = a.strides[nd - trailing] >> shift if trailing >= 1 else 0
+    op.sc = a.strides[nd - 1] >> shift if trailing >= 2 else 0
     if trailing >= 1 and a.shape[nd - trailing] == 1:
         op.sr = 0
     if trailing >= 2 and a.shape[nd - 1] == 1:

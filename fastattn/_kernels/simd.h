@@ -202,6 +202,81 @@ static inline void fa_free(void *p)
     if (p) free(((void **)p)[-1]);
 }
 
+/* Per-thread reuse of the workspace arena: a thread's last arena (up to
+ * FA_ARENA_KEEP bytes) is kept for its next call instead of being freed, so a
+ * small call costs no malloc / free pair (two of them were a tenth of a 3 x 3
+ * attention call).  take removes the arena from the thread's slot while it is
+ * used (a nested or concurrent use on the thread gets its own); give puts it
+ * back, or frees it.  The slot is freed when the thread exits (a POSIX key
+ * destructor); without POSIX threads every arena is simply allocated and freed. */
+#ifndef FA_ARENA_KEEP
+#  define FA_ARENA_KEEP ((size_t)1 << 20)
+#endif
+#if defined(_WIN32) || !defined(__unix__) && !defined(__APPLE__)
+static inline void *fa_arena_take(size_t n) { return fa_alloc(n); }
+static inline void fa_arena_give(void *p, size_t n) { (void)n; fa_free(p); }
+#else
+#include <pthread.h>
+struct fa_arena_slot { void *p; size_t n; };
+static pthread_key_t fa_arena_key;
+static pthread_once_t fa_arena_once = PTHREAD_ONCE_INIT;
+static int fa_arena_key_ok = 0;
+
+static void fa_arena_slot_free(void *slot)
+{
+    fa_free(((struct fa_arena_slot *)slot)->p);
+    free(slot);
+}
+
+static void fa_arena_key_init(void)
+{
+    fa_arena_key_ok = pthread_key_create(&fa_arena_key, fa_arena_slot_free) == 0;
+}
+
+static inline struct fa_arena_slot *fa_arena_slot_get(void)
+{
+    pthread_once(&fa_arena_once, fa_arena_key_init);
+    if (!fa_arena_key_ok) return NULL;
+    struct fa_arena_slot *a = (struct fa_arena_slot *)pthread_getspecific(fa_arena_key);
+    if (!a) {
+        a = (struct fa_arena_slot *)calloc(1, sizeof *a);
+        if (a && pthread_setspecific(fa_arena_key, a) != 0) {
+            free(a);
+            a = NULL;
+        }
+    }
+    return a;
+}
+
+static inline void *fa_arena_take(size_t n)
+{
+    struct fa_arena_slot *a = n <= FA_ARENA_KEEP ? fa_arena_slot_get() : NULL;
+    if (a && a->p && a->n >= n) {
+        void *p = a->p;
+        a->p = NULL;
+        a->n = 0;
+        return p;
+    }
+    return fa_alloc(n);
+}
+
+static inline void fa_arena_give(void *p, size_t n)
+{
+    struct fa_arena_slot *a = p && n <= FA_ARENA_KEEP ? fa_arena_slot_get() : NULL;
+    if (!a) {
+        fa_free(p);
+        return;
+    }
+    if (a->p && a->n >= n) {     /* keep the larger one */
+        fa_free(p);
+        return;
+    }
+    fa_free(a->p);
+    a->p = p;
+    a->n = n;
+}
+#endif
+
 /* ---- float ---- */
 #define FA_T float
 #define FA_SFX(name) name##_f

@@ -3,7 +3,8 @@
 # setup_rows, which fills the per-row part for a unit's rows.
 
 cdef struct Workspace:
-    char *arena     # one allocation holding every buffer below
+    char *arena     # one allocation holding this struct and every buffer below
+    int64_t nbytes  # its size
     void *qp        # BLOCK_Q' x Dk      packed, scaled query rows
     void *kt        # panels of Dk x NR  packed, transposed key tile
     void *vp        # BLOCK_K x Dvp      packed value tile (columns padded to a vector)
@@ -99,42 +100,31 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
     return cur - base
 
 
-cdef int workspace_alloc(Workspace *ws, const Plan *P, int64_t rows, size_t item, int use_qvec) noexcept nogil:
-    cdef int64_t nbytes
-    ws.arena = NULL
-    if P.Dk > (<int64_t>1 << 32) or P.Dv > (<int64_t>1 << 32):
-        return -1       # the byte counts below could overflow int64
-    nbytes = workspace_layout(ws, P, rows, item, use_qvec, NULL)
-    if nbytes > WORKSPACE_MAX_BYTES:
-        return -1       # absurd head dims: fail like an allocation failure, never overcommit
-    ws.arena = <char *>fa_alloc(nbytes)
-    if ws.arena == NULL:
-        return -1
-    workspace_layout(ws, P, rows, item, use_qvec, ws.arena)
-    return 0
-
-
-cdef void workspace_free(Workspace *ws) noexcept nogil:
-    fa_free(ws.arena)
-    ws.arena = NULL
-
-
 cdef Workspace *workspace_new(const Plan *P, int64_t rows, size_t item, int use_qvec) noexcept nogil:
-    """A heap workspace with its arena allocated; NULL (nothing left allocated) on failure."""
-    cdef Workspace *ws = <Workspace *>fa_alloc(sizeof(Workspace))
-    if ws == NULL:
+    """A workspace and its buffers in one arena (the thread's kept one when it is
+    large enough: fa_arena_take); NULL on failure."""
+    cdef Workspace probe
+    cdef Workspace *ws
+    cdef int64_t head = round_up(sizeof(Workspace), 64), nbytes
+    cdef char *arena
+    if P.Dk > (<int64_t>1 << 32) or P.Dv > (<int64_t>1 << 32):
+        return NULL     # the byte counts below could overflow int64
+    nbytes = head + workspace_layout(&probe, P, rows, item, use_qvec, NULL)
+    if nbytes > WORKSPACE_MAX_BYTES:
+        return NULL     # absurd head dims: fail like an allocation failure, never overcommit
+    arena = <char *>fa_arena_take(nbytes)
+    if arena == NULL:
         return NULL
-    if workspace_alloc(ws, P, rows, item, use_qvec) != 0:
-        workspace_free(ws)
-        fa_free(ws)
-        return NULL
+    ws = <Workspace *>arena
+    ws.arena = arena
+    ws.nbytes = nbytes
+    workspace_layout(ws, P, rows, item, use_qvec, arena + head)
     return ws
 
 
 cdef void workspace_delete(Workspace *ws) noexcept nogil:
     if ws != NULL:
-        workspace_free(ws)
-        fa_free(ws)
+        fa_arena_give(ws.arena, ws.nbytes)
 
 cdef void setup_rows(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
                         int64_t kb, int64_t ke, int64_t *lo_all, int64_t *hi_all) noexcept nogil:
