@@ -79,10 +79,10 @@ def mask_and_kind(attn_mask):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  *, scale=None, enable_gqa=False):
-    """Attention with the signature and semantics of
-    ``torch.nn.functional.scaled_dot_product_attention``.
+    """Attention with the signature and semantics of torch's SDPA.
 
-    NumPy arrays (and array-likes) in, NumPy arrays out; torch tensors in, torch
+    ``torch.nn.functional.scaled_dot_product_attention``'s arguments, on NumPy
+    arrays or torch tensors.  NumPy arrays (and array-likes) in, NumPy arrays out; torch tensors in, torch
     tensors out (CPU tensors, read without copies; see
     :mod:`fastattn.integrations.torch`).  Apart from the argument names the
     result is exactly that of :func:`fastattn.attention`.
@@ -90,9 +90,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Parameters
     ----------
     query : array_like or torch.Tensor, shape (..., L, E)
+        The queries.
     key : array_like or torch.Tensor, shape (..., S, E)
+        The keys.
     value : array_like or torch.Tensor, shape (..., S, Ev)
-        Leading (batch) dims broadcast as in torch.  Without ``enable_gqa`` the
+        The values.  Leading (batch) dims broadcast as in torch.  Without ``enable_gqa`` the
         head axis (-3) of ``key``/``value`` must equal that of ``query`` or be 1.
     attn_mask : bool or float array, broadcastable to (..., L, S), optional
         Boolean: True where a query may attend to a key (fastattn's ``mask``).
@@ -111,8 +113,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     Returns
     -------
-    out : ndarray or torch.Tensor, shape (..., L, Ev)
-        In the dtype :func:`fastattn.attention` gives (torch requires equal
+    ndarray or torch.Tensor, shape (..., L, Ev)
+        The attention output, in the dtype :func:`fastattn.attention` gives (torch requires equal
         dtypes of query, key and value; fastattn promotes them).  A query that
         sees no key gives 0 (as torch does on CPU).
 
@@ -125,6 +127,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     TypeError
         An ``attn_mask`` that is neither boolean nor floating point; a tensor on
         a device other than the CPU.
+
+    See Also
+    --------
+    attention : The same computation with fastattn's options.
+    fastattn.integrations.torch.attention : A differentiable version for tensors.
 
     Examples
     --------
