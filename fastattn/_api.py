@@ -65,10 +65,14 @@ for _f, _doc in ((attention, _docstrings.ATTENTION), (softmax, _docstrings.SOFTM
     _f.__module__ = "fastattn"
 
 
+def _is_bfloat16(a):
+    return a.dtype.kind == "V" and a.dtype.itemsize == 2 and a.dtype.name == "bfloat16"
+
+
 def _as_array(x, name):
     a = np.asarray(x)
     kind = a.dtype.kind
-    if kind not in "fiub":
+    if kind not in "fiub" and not _is_bfloat16(a):
         if kind == "c":
             raise TypeError(f"{name}: complex arrays are not supported (dtype {a.dtype})")
         raise TypeError(f"{name}: expected a real numeric array, got dtype {a.dtype}")
@@ -76,10 +80,10 @@ def _as_array(x, name):
 
 
 def _compute_dtype(*arrays):
-    """The compute dtype of arrays promoted like np.result_type (float32 for float32
-    and float16, else float64)."""
+    """The compute dtype of arrays promoted like np.result_type (float32 for float32,
+    float16 and bfloat16, else float64)."""
     rt = np.result_type(*arrays)
-    return np.dtype(np.float32) if rt in (np.float32, np.float16) else np.dtype(np.float64)
+    return np.dtype(np.float32) if rt in (np.float32, np.float16) or rt.name == "bfloat16" else np.dtype(np.float64)
 
 
 # ---------------------------------------------------------------- merging partial results

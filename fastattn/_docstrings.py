@@ -58,6 +58,16 @@ softcap : float, optional
 alibi_slopes : array_like, broadcastable to the batch dims, optional
     ALiBi: adds ``-slope * |p(i) - j|`` to each score (shape ``(H,)`` or
     ``(B, H)``).
+k_scale : array_like, optional
+    Scales of an integer (int8) ``k``: the keys the kernels see are
+    ``k.astype(float32) * k_scale``.  Broadcastable either to
+    ``k.shape[:-1] + (1,)`` (per tensor, per head or per key) or to
+    ``k.shape[:-2] + (1, Dk)`` (per channel); finite.  int8 keys with a
+    float32 (or half-precision) query are read in place and the scale is
+    applied in the kernels; other integer keys are converted with the scale
+    folded in.
+v_scale : array_like, optional
+    The same for an integer ``v`` (per key, or per channel ``(..., 1, Dv)``).
 return_weights : bool, optional
     Also return the attention weights (the softmax rows).  Costs about twice
     the time of the output alone, and ``Lq * Lk`` elements of memory.
@@ -78,11 +88,13 @@ out : ndarray, shape (..., Lq, Dv)
     nor ``return_lse`` is set, else the first item of the tuple
     ``(out, weights, lse)`` holding the parts asked for, in that order.
     ``...`` is the broadcast batch shape (with the
-    query head count for grouped heads).  Its dtype: float32 and float64
-    inputs compute and return natively; float16 is computed in float32 and
-    returned as float16; integer and bool inputs compute in float64; mixed
-    inputs promote like ``np.result_type(q, k, v)`` (float32 with float16
-    gives float32, float32 with float64 gives float64).
+    query head count for grouped heads).  Its dtype is
+    ``np.result_type(q, k, v)``: float32 and float64 compute natively;
+    float16 and bfloat16 (``ml_dtypes.bfloat16``) are read where they are
+    stored, widened in registers, computed in float32 and rounded once to
+    the output dtype (float32 ``q`` with float16 ``k``, ``v`` gives float32;
+    float16 with bfloat16 gives float32); int8 ``k``, ``v`` are read in place
+    with a float ``q``; other integer and bool inputs compute in float64.
 weights : ndarray, shape (..., Lq, Lk)
     Only with ``return_weights=True``: the weights, in the output dtype.
 lse : ndarray, shape (..., Lq)
@@ -94,6 +106,7 @@ Raises
 TypeError
     An array of a complex, object, string, bytes or datetime dtype; a
     ``mask`` that is not boolean; ``kv_lengths`` that are not integers;
+    ``k_scale`` / ``v_scale`` given for a non-integer ``k`` / ``v``;
     ``scale``, ``softcap``, ``window`` or ``causal`` of the wrong type; ``out``
     that is not an ndarray or has the wrong dtype (byte order included);
     ``num_threads`` that is not an int; an option passed positionally.
@@ -102,7 +115,9 @@ ValueError
     or ``Lk`` of ``k`` and ``v`` that differ; batch dims that do not
     broadcast (including a query head count that is not a multiple of the
     key/value head count); ``mask``, ``bias``, ``kv_lengths`` or
-    ``alibi_slopes`` that do not broadcast; ``kv_lengths`` outside
+    ``alibi_slopes`` that do not broadcast; a ``k_scale`` / ``v_scale`` that
+    is not finite or broadcasts neither per key nor per channel;
+    ``kv_lengths`` outside
     ``[0, Lk]``; a negative window side; ``softcap <= 0``; a non-finite
     ``scale`` or ``softcap``; an unknown ``causal`` string; ``out`` with the
     wrong shape, read-only, with zero strides or overlapping an input;

@@ -299,9 +299,22 @@ def _final_weights(part, merged, odt):
 
 # --------------------------------------------------------------- attention
 
+def _scaled(x, scale, name, xname):
+    """An integer (int8) k or v times its k_scale / v_scale, lazily: every chunk's
+    values are what fastattn.attention reads (x.astype(float32) * scale).  The
+    scale's checks are the in-memory ones, on stand-ins."""
+    if scale is None:
+        return x
+    scale = scale if isinstance(scale, da.Array) else np.asarray(scale)
+    stand_k = np.broadcast_to(np.zeros((), x.dtype), x.shape)
+    _api.attention(np.zeros(x.shape[:-2] + (0, x.shape[-1]), np.float32), stand_k, stand_k,
+                   **{name: _stand_in(scale)})
+    return x.astype(np.float32) * scale
+
+
 def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
-              kv_lengths=None, softcap=None, alibi_slopes=None, return_weights=False,
-              return_lse=False, out=None, num_threads=None, split_every=None):
+              kv_lengths=None, softcap=None, alibi_slopes=None, k_scale=None, v_scale=None,
+              return_weights=False, return_lse=False, out=None, num_threads=None, split_every=None):
     """:func:`fastattn.attention` on Dask arrays, as a lazy Dask array.
 
     Parameters
@@ -312,6 +325,9 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     scale, causal, mask, bias, window, kv_lengths, softcap, alibi_slopes
         As :func:`fastattn.attention`.  mask / bias may be dask arrays (rechunked to
         the query and key chunks); kv_lengths / alibi_slopes dask or NumPy arrays.
+    k_scale, v_scale : dask or NumPy arrays, optional
+        Scales of int8 ``k`` / ``v`` (as :func:`fastattn.attention`): each chunk
+        is widened with its scale applied (``k.astype(float32) * k_scale``).
     return_weights, return_lse : bool
         Also return the weights (..., Lq, Lk) and the log-sum-exp (..., Lq), both lazy.
     out : None
@@ -346,6 +362,8 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
                         "(write it with dask.array.store(result, out))")
     q, k, v = _as_dask(q, "q"), _as_dask(k, "k"), _as_dask(v, "v")
     _check_shapes(q, k, v)
+    k = _scaled(k, k_scale, "k_scale", "k")
+    v = _scaled(v, v_scale, "v_scale", "v")
     Lq, Dk = q.shape[-2:]
     Lk, Dv = v.shape[-2:]
     options = dict(scale=scale, causal=causal, window=window, softcap=softcap,

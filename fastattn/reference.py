@@ -30,10 +30,16 @@ _CAUSAL_MODES = ("top_left", "bottom_right")
 
 
 # --------------------------------------------------------------------------- helpers
+def _is_bfloat16(a):
+    """An array of the bfloat16 dtype (ml_dtypes), recognised by the dtype itself."""
+    return a.dtype.kind == "V" and a.dtype.itemsize == 2 and a.dtype.name == "bfloat16"
+
+
 def _as_f64(x, name):
-    """Convert a real numeric / bool array-like to float64; TypeError otherwise."""
+    """Convert a real numeric / bool array-like to float64 (bfloat16 included);
+    TypeError otherwise."""
     a = np.asarray(x)
-    if a.dtype.kind not in "biuf":
+    if a.dtype.kind not in "biuf" and not _is_bfloat16(a):
         raise TypeError(
             f"{name}: unsupported dtype {a.dtype}; expected a real numeric or boolean array"
         )
@@ -273,8 +279,38 @@ def _broadcast_arg(a, shape, name, what):
 
 
 # --------------------------------------------------------------------------- attention
+def _kv_scaled(kv64, kv_raw, scale, name, kvname):
+    """An integer k or v times its k_scale / v_scale (float64), the scale
+    broadcast per key (to kv.shape[:-1] + (1,)) or per channel (to
+    kv.shape[:-2] + (1, D))."""
+    if scale is None:
+        return kv64
+    s = np.asarray(scale)
+    if s.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must be a real (float) array, got dtype {s.dtype}")
+    if kv_raw.dtype.kind not in "iu":
+        raise TypeError(f"{name} is given for {kvname} of dtype {kv_raw.dtype}: scales are for integer "
+                        f"(int8) {kvname} only")
+    per_key = kv64.shape[:-1] + (1,)
+    per_channel = kv64.shape[:-2] + (1, kv64.shape[-1])
+
+    def fits(target):
+        try:
+            return s.ndim <= len(target) and np.broadcast_shapes(s.shape, target) == target
+        except ValueError:
+            return False
+
+    if not (fits(per_key) or fits(per_channel)):
+        raise ValueError(f"{name} with shape {s.shape} broadcasts neither to {per_key} (per key) nor to "
+                         f"{per_channel} (per channel)")
+    s = s.astype(np.float64)
+    if not np.isfinite(s).all():
+        raise ValueError(f"{name} must be finite")
+    return kv64 * s
+
+
 def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
-              kv_lengths=None, softcap=None, alibi_slopes=None,
+              kv_lengths=None, softcap=None, alibi_slopes=None, k_scale=None, v_scale=None,
               return_weights=False, return_lse=False):
     """Exact scaled dot-product attention in float64: the specification of :func:`fastattn.attention`.
 
@@ -312,6 +348,11 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         Scaled scores ``s`` become ``softcap * tanh(s / softcap)``.
     alibi_slopes : array_like, broadcastable to the batch dims, optional
         Adds ``-slope * |p(i) - j|`` to each score.
+    k_scale, v_scale : array_like, optional
+        Scales of integer (int8) ``k`` / ``v``: the keys are ``k * k_scale``,
+        with ``k_scale`` broadcastable to ``k.shape[:-1] + (1,)`` (per tensor,
+        head or key) or to ``k.shape[:-2] + (1, Dk)`` (per channel); likewise
+        ``v_scale`` for ``v``.
     return_weights : bool, optional
         Also return the weights ``(..., Lq, Lk)``.
     return_lse : bool, optional
@@ -366,12 +407,16 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     [[1.  0. ]
      [0.5 0.5]]
     """
+    k_raw, v_raw = np.asarray(k), np.asarray(v)
     q = _as_f64(q, "q")
-    k = _as_f64(k, "k")
-    v = _as_f64(v, "v")
+    k = _as_f64(k_raw, "k")
+    v = _as_f64(v_raw, "v")
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim < 2:
             raise ValueError(f"{name} must be at least 2-D (..., L, D), got shape {a.shape}")
+    # int8 (integer) keys and values with scales: the values are k * k_scale, v * v_scale
+    k = _kv_scaled(k, k_raw, k_scale, "k_scale", "k")
+    v = _kv_scaled(v, v_raw, v_scale, "v_scale", "v")
     Lq, Dk = q.shape[-2:]
     Lk, Dk2 = k.shape[-2:]
     Lv, Dv = v.shape[-2:]

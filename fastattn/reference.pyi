@@ -26,6 +26,8 @@ def attention(
     kv_lengths: ArrayLike | None = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    k_scale: ArrayLike | None = ...,
+    v_scale: ArrayLike | None = ...,
     return_weights: Literal[False] = ...,
     return_lse: Literal[False] = ...,
 ) -> _F64: ...
@@ -43,6 +45,8 @@ def attention(
     kv_lengths: ArrayLike | None = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    k_scale: ArrayLike | None = ...,
+    v_scale: ArrayLike | None = ...,
     return_weights: Literal[True],
     return_lse: Literal[False] = ...,
 ) -> tuple[_F64, _F64]: ...
@@ -60,6 +64,8 @@ def attention(
     kv_lengths: ArrayLike | None = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    k_scale: ArrayLike | None = ...,
+    v_scale: ArrayLike | None = ...,
     return_weights: Literal[False] = ...,
     return_lse: Literal[True],
 ) -> tuple[_F64, _F64]: ...
@@ -77,6 +83,8 @@ def attention(
     kv_lengths: ArrayLike | None = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    k_scale: ArrayLike | None = ...,
+    v_scale: ArrayLike | None = ...,
     return_weights: Literal[True],
     return_lse: Literal[True],
 ) -> tuple[_F64, _F64, _F64]: ...
@@ -94,6 +102,8 @@ def attention(
     kv_lengths: ArrayLike | None = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    k_scale: ArrayLike | None = ...,
+    v_scale: ArrayLike | None = ...,
     return_weights: bool = ...,
     return_lse: bool = ...,
 ) -> _F64 | tuple[_F64, ...]: ...

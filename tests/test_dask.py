@@ -166,7 +166,8 @@ def test_random_chunkings_and_options_equal_in_memory(client):
 
 def test_shapes_and_dtypes(client):
     """2-D and 3-D inputs, one key/value head for many query heads, NumPy inputs, float16,
-    integer inputs, no keys at all, and num_threads passed through."""
+    integer inputs, int8 keys and values with scales, no keys at all, and num_threads
+    passed through."""
     rng = np.random.default_rng(5)
     x2 = rng.standard_normal((40, 8))
     k3 = rng.standard_normal((3, 33, 8)).astype(np.float32)
@@ -174,6 +175,8 @@ def test_shapes_and_dtypes(client):
     kv1 = rng.standard_normal((2, 1, 33, 8)).astype(np.float32)
     h16 = rng.standard_normal((2, 30, 8)).astype(np.float16)
     ints = rng.integers(-3, 4, size=(2, 12, 4))
+    i8 = rng.integers(-127, 128, size=(2, 6, 33, 8)).astype(np.int8)[:, ::3]   # (2, 2, 33, 8)
+    i8_scale = rng.uniform(0.001, 0.02, size=(2, 2, 33, 1)).astype(np.float32)
     cases = [
         ((x2, x2, x2), dict(causal=True)),
         ((x2[:5], k3, k3), dict(window=3)),                     # q broadcast over k's heads
@@ -182,6 +185,7 @@ def test_shapes_and_dtypes(client):
         ((ints, ints, ints), dict()),
         ((q4, kv1[..., :0, :], kv1[..., :0, :]), dict()),       # Lk = 0: zeros, lse -inf
         ((q4, kv1, kv1), dict(num_threads=2)),
+        ((q4, i8, i8), dict(k_scale=i8_scale, v_scale=np.float32(0.01), causal=True)),   # int8 caches
         ((x2, x2, x2), dict(bias=da.from_array(np.linspace(-1, 1, 40), chunks=15), window=[4, None],
                             kv_lengths=30, causal=np.bool_(True))),
     ]

@@ -50,11 +50,12 @@ cdef inline bint behaved_array(cnp.ndarray a) noexcept:
 
 
 cdef cnp.ndarray as_input(x, str name):
-    """x as an ndarray of a real numeric or boolean dtype: itself when it is an
+    """x as an ndarray of a real numeric or boolean dtype (bfloat16 included: the
+    ml_dtypes dtype, recognised by the dtype itself): itself when it is an
     ndarray, else np.asarray(x).  TypeError for complex and other dtypes."""
     cdef cnp.ndarray a = <cnp.ndarray>x if type(x) is cnp.ndarray else np.asarray(x)
     cdef int t = cnp.PyArray_TYPE(a)
-    if t == cnp.NPY_FLOAT or t == cnp.NPY_DOUBLE:
+    if t == cnp.NPY_FLOAT or t == cnp.NPY_DOUBLE or t == cnp.NPY_FLOAT16 or store_of(a) == STORE_BF16:
         return a
     kind = a.dtype.kind
     if kind not in "fiub":
@@ -76,11 +77,26 @@ cdef int compute_type(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, int *out_type
     if rt == np.float32:
         out_type[0] = cnp.NPY_FLOAT
         return cnp.NPY_FLOAT
-    if rt == np.float16:
-        out_type[0] = cnp.NPY_FLOAT16
+    if rt == np.float16 or rt.name == "bfloat16":
+        out_type[0] = rt.num
         return cnp.NPY_FLOAT
     out_type[0] = cnp.NPY_DOUBLE
     return cnp.NPY_DOUBLE
+
+
+cdef cnp.ndarray stored_operand(cnp.ndarray a, int ctype, bint allow_int8):
+    """a as the kernels read it: in place when its storage type is one they read
+    for the compute type ctype -- float32 compute: float32, float16, bfloat16
+    (and int8, for k and v); float64 compute: float64 -- and it is behaved
+    (aligned, native byte order); else converted to ctype (a copy)."""
+    cdef int st
+    if cnp.PyArray_TYPE(a) == ctype and behaved_array(a):
+        return a
+    if ctype == cnp.NPY_FLOAT:
+        st = store_of(a)
+        if (st == STORE_F16 or st == STORE_BF16 or (allow_int8 and st == STORE_I8)) and behaved_array(a):
+            return a
+    return to_compute(a, ctype)
 
 
 cdef cnp.ndarray to_compute(cnp.ndarray a, int typenum):
@@ -325,7 +341,7 @@ cdef cnp.ndarray score_operand(x, str name, const cnp.npy_intp *bq, int nbq, int
     if a.ndim < 2:
         a = a.reshape((1,) * (2 - a.ndim) + (<object>a).shape)
     if typenum != cnp.NPY_BOOL:
-        a = to_compute(a, typenum)
+        a = stored_operand(a, typenum, False)
     return a
 
 
@@ -463,3 +479,64 @@ cdef int check_out(out, int nd, const cnp.npy_intp *shape, int typenum, tuple in
         if arr is not None and may_overlap(o, <cnp.ndarray>arr):
             raise ValueError(f"{name} overlaps the input {arr_name}")
     return 0
+
+
+# ---------------------------------------------------------------- int8 scales
+
+cdef object parse_kv_scale(x, str name, cnp.ndarray kv, str kvname, int *kind):
+    """k_scale / v_scale: a real array broadcastable to kv.shape[:-1] + (1,) (per
+    tensor, per head, per key: kind SCALE_PER_KEY) or to kv.shape[:-2] + (1, D)
+    (per channel: SCALE_PER_CHANNEL), finite, given for an integer kv only.
+    Returned with at least 2 dims."""
+    cdef cnp.ndarray a
+    cdef cnp.npy_intp per_key[MAXDIM + 2]
+    cdef cnp.npy_intp per_channel[MAXDIM + 2]
+    cdef int d, nd = kv.ndim
+    kind[0] = SCALE_NONE
+    if x is None:
+        return None
+    a = as_input(x, name)
+    if a.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must be a real (float) array, got dtype {a.dtype}")
+    if not cnp.PyArray_ISINTEGER(kv):
+        raise TypeError(f"{name} is given for {kvname} of dtype {kv.dtype}: scales are for integer "
+                        f"(int8) {kvname} only")
+    for d in range(nd):
+        per_key[d] = kv.shape[d]
+        per_channel[d] = kv.shape[d]
+    per_key[nd - 1] = 1
+    per_channel[nd - 2] = 1
+    if fits(a, per_key, nd):
+        kind[0] = SCALE_PER_KEY
+    elif fits(a, per_channel, nd):
+        kind[0] = SCALE_PER_CHANNEL
+    else:
+        raise ValueError(f"{name} with shape {(<object>a).shape} broadcasts neither to "
+                         f"{tuple(per_key[d] for d in range(nd))} (per key) nor to "
+                         f"{tuple(per_channel[d] for d in range(nd))} (per channel)")
+    if a.size and not np.isfinite(a).all():
+        raise ValueError(f"{name} must be finite")
+    if a.ndim < 2:
+        a = a.reshape((1,) * (2 - a.ndim) + (<object>a).shape)
+    return a
+
+
+cdef cnp.ndarray scaled_kv(cnp.ndarray kv, scale, int ctype, int *kind):
+    """An integer k or v with its scale: read in place as int8 (float32 compute),
+    the scale applied by the kernels; otherwise converted with the scale folded
+    in (kv.astype(compute dtype) * scale, a copy) and kind reset to SCALE_NONE."""
+    if scale is None:
+        return stored_operand(kv, ctype, True)
+    if ctype == cnp.NPY_FLOAT and store_of(kv) == STORE_I8 and behaved_array(kv):
+        return kv
+    kind[0] = SCALE_NONE
+    dt = dtype_of(ctype)
+    return np.multiply(kv.astype(dt), np.asarray(scale).astype(dt))
+
+
+cdef cnp.ndarray scale_table(scale):
+    """A scale the kernels read in place: float32, behaved (else a float32 copy)."""
+    cdef cnp.ndarray a = <cnp.ndarray>scale
+    if cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT and behaved_array(a):
+        return a
+    return np.asarray(a, dtype=np.float32)

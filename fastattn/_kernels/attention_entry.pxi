@@ -40,19 +40,20 @@ cdef object finish_outputs(out, cnp.ndarray res, cnp.ndarray wts, cnp.ndarray ls
 
 
 def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
-              kv_lengths=None, softcap=None, alibi_slopes=None, return_weights=False,
-              return_lse=False, out=None, num_threads=None):
+              kv_lengths=None, softcap=None, alibi_slopes=None, k_scale=None, v_scale=None,
+              return_weights=False, return_lse=False, out=None, num_threads=None):
     cdef cnp.ndarray qa, ka, va, res
     cdef cnp.ndarray ma = None, ba = None, kvt = None, slt = None, wts = None, lse = None
     cdef Plan P
-    cdef int ctype, otype, nbq
+    cdef int ctype, otype, nbq, kkind = SCALE_NONE, vkind = SCALE_NONE
     cdef cnp.npy_intp dims[MAXDIM + 2]
     if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(mask)
-            and plain(bias) and plain(out) and plain(kv_lengths) and plain(alibi_slopes)):
+            and plain(bias) and plain(out) and plain(kv_lengths) and plain(alibi_slopes)
+            and plain(k_scale) and plain(v_scale)):
         result = _foreign_attention(q, k, v, dict(
             scale=scale, causal=causal, mask=mask, bias=bias, window=window, kv_lengths=kv_lengths,
-            softcap=softcap, alibi_slopes=alibi_slopes, return_weights=return_weights,
-            return_lse=return_lse, out=out, num_threads=num_threads))
+            softcap=softcap, alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
+            return_weights=return_weights, return_lse=return_lse, out=out, num_threads=num_threads))
         if result is not NotImplemented:
             return result
     qa = as_input(q, "q")
@@ -61,6 +62,11 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     check_qkv_shapes(qa, ka, va)
     check_num_threads(num_threads)
     ctype = compute_type(qa, ka, va, &otype)
+    if k_scale is not None or v_scale is not None:
+        k_scale = parse_kv_scale(k_scale, "k_scale", ka, "k", &kkind)
+        v_scale = parse_kv_scale(v_scale, "v_scale", va, "v", &vkind)
+        ka = scaled_kv(ka, k_scale, ctype, &kkind)
+        va = scaled_kv(va, v_scale, ctype, &vkind)
     P.Lq = qa.shape[qa.ndim - 2]
     P.Lk = ka.shape[ka.ndim - 2]
     P.Dk = qa.shape[qa.ndim - 1]
@@ -95,13 +101,21 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         lse = cnp.PyArray_EMPTY(nbq + 1, dims, ctype, 0)
     # (the converted arrays must outlive the plan, which holds their data pointers)
     if cnp.PyArray_TYPE(qa) != ctype or not behaved_array(qa):
-        qa = to_compute(qa, ctype)
+        qa = stored_operand(qa, ctype, False)
     if cnp.PyArray_TYPE(ka) != ctype or not behaved_array(ka):
-        ka = to_compute(ka, ctype)
+        ka = stored_operand(ka, ctype, True)
     if cnp.PyArray_TYPE(va) != ctype or not behaved_array(va):
-        va = to_compute(va, ctype)
+        va = stored_operand(va, ctype, True)
     plan_init(&P, qa, ka, va, res)
     plan_options(&P, ma, ba, kvt, slt, wts, lse)
+    if kkind != SCALE_NONE:
+        k_scale = scale_table(k_scale)
+        plan_scale(&P, &P.ks, k_scale, kkind)
+        P.kscale = kkind
+    if vkind != SCALE_NONE:
+        v_scale = scale_table(v_scale)
+        plan_scale(&P, &P.vs, v_scale, vkind)
+        P.vscale = vkind
     plan_run(&P, ctype, num_threads)
     if out is None and otype == ctype and wts is None and lse is None:
         return res

@@ -215,6 +215,13 @@ cdef int plan_init(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.nda
     fill_operand(&P.o, out, 2, P, hq)
     return 0
 
+cdef int plan_scale(Plan *P, Operand *op, cnp.ndarray scale, int kind) except -1:
+    """An int8 k_scale / v_scale (float32, at least 2-D: (..., Lk, 1) per key or
+    (..., 1, D) per channel) as an operand of the plan."""
+    fill_operand(op, scale, 2, P, P.g * (P.bshape[P.nb - 1] if P.nb > 0 else 1))
+    return 0
+
+
 cdef inline int plan_options(Plan *P, mask, bias, kvlen, slopes, weights, lse) except -1:
     """The optional operands of a plan after plan_init (None: unused): mask / bias /
     weights with trailing dims (Lq, Lk), lse (Lq,), kvlen (int64) and slopes
