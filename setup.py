@@ -117,7 +117,8 @@ def extensions():
     for isa in ISA_VARIANTS:
         exts.append(Extension(f"fastattn._kernels._attn_{isa}",
                               [os.path.join(KDIR, f"_attn_{isa}.pyx")], include_dirs=inc,
-                              depends=[os.path.join(KDIR, f) for f in ("_attn_body.pxi", "simd.h", "simd_body.h")]))
+                              depends=[os.path.join(KDIR, f) for f in ("_attn_body.pxi", "simd.h", "simd_body.h", "backward.pxi",
+                                                                        "backward_kernels.h", "backward_body.h")]))
     return cythonize(exts, language_level=3, compiler_directives={
         "boundscheck": False, "wraparound": False, "cdivision": True,
         "initializedcheck": False, "embedsignature": True,

@@ -5,12 +5,14 @@
     >>> out = fastattn.attention(q, k, v, causal=True)
 
 Public API: :func:`attention` (alias :func:`scaled_dot_product_attention`),
+:func:`attention_backward` (its gradients),
 :func:`softmax`, :func:`log_softmax`, :func:`merge_attention`, thread control
 (:func:`set_num_threads`, :func:`get_num_threads`, :func:`threads`),
 :func:`show_config`, and :mod:`fastattn.reference` (the pure-NumPy specification).
 """
 from . import reference
 from ._api import attention, log_softmax, merge_attention, scaled_dot_product_attention, softmax
+from ._backward import attention_backward
 from ._config import get_version as _get_version
 from ._config import show_config
 from ._threads import get_num_threads, set_num_threads, threads
@@ -18,6 +20,6 @@ from ._threads import get_num_threads, set_num_threads, threads
 __version__ = _get_version()
 
 __all__ = [
-    "attention", "scaled_dot_product_attention", "softmax", "log_softmax", "merge_attention",
-    "set_num_threads", "get_num_threads", "threads", "show_config", "reference", "__version__",
+    "attention", "scaled_dot_product_attention", "attention_backward", "softmax", "log_softmax",
+    "merge_attention", "set_num_threads", "get_num_threads", "threads", "show_config", "reference", "__version__",
 ]

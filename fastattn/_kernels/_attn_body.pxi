@@ -2404,3 +2404,6 @@ def softmax_forward(cnp.ndarray x, cnp.ndarray out, bint log_mode, int nthreads)
     else:
         softmax_run(&P, <double>0, n, log_mode, nthreads)
     return out
+
+
+include "backward.pxi"

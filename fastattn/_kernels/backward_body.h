@@ -1,0 +1,124 @@
+/* One body for the float and double backward kernels; included by
+ * backward_kernels.h with FA_T, FA_V, FA_VI and FA_SFX defined.  Not a
+ * standalone header. */
+
+#define FA_W ((int)(FA_VBYTES / sizeof(FA_T)))        /* lanes per vector */
+
+/* dst[i * ldd + d] = src[off[i] + d * sc] * scale for i < n, d < D, zeros in
+ * columns D..ldd-1 (ldd a multiple of W) and in rows n..npad-1: the row
+ * operands of the backward's products (scaled queries and keys, output
+ * gradients), padded to whole vectors and register blocks.  Returns 1 when a
+ * packed element is inf or NaN (x * 0 is NaN only for those): such a block must
+ * not meet the zero weights of invisible pairs in a blocked product. */
+static inline int FA_SFX(fa_bwd_pack_rows)(const FA_T *src, const int64_t *off, int64_t sc, int64_t n,
+                                           int64_t D, FA_T scale, FA_T *dst, int64_t ldd, int64_t npad)
+{
+    FA_V acc = FA_SFX(fa_set1)(0);
+    for (int64_t i = 0; i < n; i++) {
+        const FA_T *s = src + off[i];
+        FA_T *d = dst + i * ldd;
+        int64_t c = 0;
+        if (sc == 1) {
+            for (; c + FA_W <= D; c += FA_W) {
+                const FA_V x = FA_SFX(fa_load)(s + c) * scale;
+                FA_SFX(fa_store)(d + c, x);
+                acc += x * 0;
+            }
+            if (c < D) {
+                const FA_V x = FA_SFX(fa_load_part)(s + c, D - c, 0) * scale;
+                FA_SFX(fa_store)(d + c, x);
+                acc += x * 0;
+                c += FA_W;
+            }
+        } else {
+            FA_T probe = 0;
+            for (; c < D; c++) {
+                const FA_T x = s[c * sc] * scale;
+                d[c] = x;
+                probe += x * 0;
+            }
+            acc += probe;
+            for (; c < ldd; c++) d[c] = 0;
+        }
+        for (; c < ldd; c += FA_W) FA_SFX(fa_store)(d + c, FA_SFX(fa_set1)(0));
+    }
+    for (int64_t i = n; i < npad; i++)
+        for (int64_t c = 0; c < ldd; c += FA_W) FA_SFX(fa_store)(dst + i * ldd + c, FA_SFX(fa_set1)(0));
+    return FA_SFX(fa_hsum)(acc) != 0;
+}
+
+/* f[j] = 1 - (x[j] / c)^2 for j < n: the derivative of c * tanh(s / c) at the
+ * capped scores x (the softcap's factor in the chain rule). */
+static inline void FA_SFX(fa_bwd_softcap_factor)(const FA_T *x, FA_T *f, int64_t n, FA_T c)
+{
+    const FA_T inv_c = 1 / c;
+    int64_t j = 0;
+    for (; j + FA_W <= n; j += FA_W) {
+        const FA_V t = FA_SFX(fa_load)(x + j) * inv_c;
+        FA_SFX(fa_store)(f + j, 1 - t * t);
+    }
+    for (; j < n; j++) {
+        const FA_T t = x[j] * inv_c;
+        f[j] = 1 - t * t;
+    }
+}
+
+/* exp(x) for x = s - lse (<= 0 up to rounding): fa_vexp_p (0 below ~2^-62.5,
+ * no subnormal probabilities), with x clamped at 80 so that an lse that does
+ * not belong to these scores gives large finite numbers, not garbage. */
+static inline __attribute__((always_inline)) FA_V FA_SFX(fa_bwd_prob)(FA_V x)
+{
+    const FA_V hi = FA_SFX(fa_set1)(80);
+    return FA_SFX(fa_vexp_p)(FA_SFX(fa_select)(x > hi, hi, x));
+}
+
+/* The probabilities and score gradients of one tile, rows [0, nr) by keys
+ * [0, nc) (both multiples of W; s, dp, f, dsr and db rows lds apart).  With
+ * live = (s != -inf):
+ *     p  = live ? exp(s - lse[i]) : 0
+ *     g  = live ? p * (dp - dd[i]) : 0        -> db (the bias gradient; NULL: none)
+ *     ds = live ? g * f : 0  (f NULL: ds = g)  -> dsr (dsr may be dp itself)
+ * and the transposes pt[j * ldt + i] = p, dst[j * ldt + i] = ds, for the
+ * products over queries (dV += P^T dO, dK += dS^T Q).  A dead pair gives 0 even
+ * when its dp, f or lse is inf or NaN.  W x W blocks go through registers: W
+ * row vectors, one transpose, W column vectors. */
+static inline void FA_SFX(fa_bwd_tile)(const FA_T *s, const FA_T *dp, const FA_T *f, int64_t lds,
+                                       const FA_T *lse, const FA_T *dd, int64_t nr, int64_t nc,
+                                       FA_T *dsr, FA_T *db, FA_T *pt, FA_T *dst, int64_t ldt)
+{
+    const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
+    const FA_V zero = FA_SFX(fa_set1)(0);
+    for (int64_t i0 = 0; i0 < nr; i0 += FA_W) {
+        for (int64_t j0 = 0; j0 < nc; j0 += FA_W) {
+            FA_V r[FA_W];
+            FA_UNROLL for (int k = 0; k < FA_W; k++) {
+                const int64_t o = (i0 + k) * lds + j0;
+                const FA_V sv = FA_SFX(fa_load)(s + o);
+                const FA_VI live = sv != ninf;
+                const FA_V p = FA_SFX(fa_select)(live, FA_SFX(fa_bwd_prob)(sv - lse[i0 + k]), zero);
+                FA_V g = p * (FA_SFX(fa_load)(dp + o) - dd[i0 + k]);
+                if (db) FA_SFX(fa_store)(db + o, FA_SFX(fa_select)(live, g, zero));
+                if (f) g = g * FA_SFX(fa_load)(f + o);
+                FA_SFX(fa_store)(dsr + o, FA_SFX(fa_select)(live, g, zero));
+                r[k] = p;
+            }
+#if FA_HAVE_SHUFFLE
+            FA_SFX(fa_transpose)(r);
+            FA_UNROLL for (int c = 0; c < FA_W; c++) FA_SFX(fa_store)(pt + (j0 + c) * ldt + i0, r[c]);
+            FA_UNROLL for (int k = 0; k < FA_W; k++) r[k] = FA_SFX(fa_load)(dsr + (i0 + k) * lds + j0);
+            FA_SFX(fa_transpose)(r);
+            FA_UNROLL for (int c = 0; c < FA_W; c++) FA_SFX(fa_store)(dst + (j0 + c) * ldt + i0, r[c]);
+#else
+            FA_T blk[FA_W][FA_W];
+            FA_UNROLL for (int k = 0; k < FA_W; k++) FA_SFX(fa_store)(blk[k], r[k]);
+            for (int k = 0; k < FA_W; k++)
+                for (int c = 0; c < FA_W; c++) {
+                    pt[(j0 + c) * ldt + i0 + k] = blk[k][c];
+                    dst[(j0 + c) * ldt + i0 + k] = dsr[(i0 + k) * lds + j0 + c];
+                }
+#endif
+        }
+    }
+}
+
+#undef FA_W
