@@ -46,6 +46,8 @@ cdef extern from "backward_kernels.h" nogil:
     void fa_bwd_tile_d(const double *s, const double *dp, const double *f, int64_t lds, const double *lse,
                        const double *dd, int64_t nr, int64_t nc, double *dsr, double *db, double *pt,
                        double *dst, int64_t ldt)
+    void fa_bwd_sum_rows_f(const float *src, int64_t stride, int64_t G, int64_t D, float *dst)
+    void fa_bwd_sum_rows_d(const double *src, int64_t stride, int64_t G, int64_t D, double *dst)
     float fa_dot_f(const float *a, const float *b, int64_t n)
     double fa_dot_d(const double *a, const double *b, int64_t n)
 
@@ -492,24 +494,30 @@ cdef void bwd_key_block(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t k
 
 cdef void bwd_store_dq_rows(const BwdPlan *B, int64_t b, int64_t r0, int64_t r1, const floating *src,
                             int64_t stride_g, int64_t G) noexcept nogil:
-    """dq rows r0..r1-1 of batch element b = the sum over g < G, in order, of
-    src[g * stride_g + r * dkp + c] (G == 1: a copy of the accumulator)."""
+    """dq rows r0..r1-1 of batch element b = the sum over g < G, in order, of the
+    rows src + g * stride_g + r * dkp (G == 1: a copy of the accumulator)."""
     cdef const Plan *P = &B.P
     cdef floating *dbase = (<floating *>B.dq.base) + batch_offset(P, &B.dq, b)
     cdef floating *dst
     cdef const floating *row
-    cdef int64_t r, c, gi, grp, pos, sc = B.dq.sc
+    cdef int64_t r, c, gi, grp, pos
     cdef floating acc
     for r in range(r0, r1):
         grp = r // P.Lq
         pos = r - grp * P.Lq
         dst = dbase + grp * B.dq.sg + pos * B.dq.sr
         row = src + r * B.dkp
+        if B.dq.sc == 1:
+            if floating is float:
+                fa_bwd_sum_rows_f(row, stride_g, G, P.Dk, dst)
+            else:
+                fa_bwd_sum_rows_d(row, stride_g, G, P.Dk, dst)
+            continue
         for c in range(P.Dk):
             acc = row[c]
             for gi in range(1, G):
                 acc = acc + row[gi * stride_g + c]
-            dst[c * sc] = acc
+            dst[c * B.dq.sc] = acc
 
 
 cdef void bwd_unit(const BwdPlan *B, BwdWorkspace *ws, int64_t u, floating *dummy) noexcept nogil:

@@ -121,4 +121,18 @@ static inline void FA_SFX(fa_bwd_tile)(const FA_T *s, const FA_T *dp, const FA_T
     }
 }
 
+/* dst[c] = sum over g < G, in order, of src[g * stride + c] for c < D (dst
+ * contiguous; src rows padded to whole vectors): the dq rows from the
+ * per-key-group partials. */
+static inline void FA_SFX(fa_bwd_sum_rows)(const FA_T *src, int64_t stride, int64_t G, int64_t D, FA_T *dst)
+{
+    int64_t c = 0;
+    for (; c < D; c += FA_W) {
+        FA_V acc = FA_SFX(fa_load)(src + c);
+        for (int64_t g = 1; g < G; g++) acc += FA_SFX(fa_load)(src + g * stride + c);
+        if (c + FA_W <= D) FA_SFX(fa_store)(dst + c, acc);
+        else FA_SFX(fa_store_part)(dst + c, acc, D - c);
+    }
+}
+
 #undef FA_W
