@@ -10,10 +10,11 @@
 #     dP = dO . V^T
 #     dS = P * (dP - D), D = rowsum(dO * O) (times softcap's 1 - tanh^2)
 #     dV += P^T . dO,  dK += dS^T . Qs,  dQ += dS . Ks
-# All five products are the forward's register-blocked micro-kernels: S and dP
-# are QK products of packed rows against transposed key / value panels
-# (qk_block), the other three P.V products (pv_block) of row tiles against
-# packed rows; fa_bwd_tile (C) makes P and dS and their transposes in one pass.
+# All five products are register-blocked micro-kernels: S and dP the forward's
+# QK products of packed rows against transposed key / value panels (qk_block),
+# the other three its P.V blocking (pv_block) summed in two levels
+# (fa_bwd_pv_block) of row tiles against packed rows; fa_bwd_tile makes P and
+# dS and their transposes in one pass.
 #
 # Work units are (slice, key group): a slice is one batch element (several when
 # a returned dbias is shared by them: they are summed inside one unit, in
@@ -46,6 +47,10 @@ cdef extern from "backward_kernels.h" nogil:
     void fa_bwd_tile_d(const double *s, const double *dp, const double *f, int64_t lds, const double *lse,
                        const double *dd, int64_t nr, int64_t nc, double *dsr, double *db, double *pt,
                        double *dst, int64_t ldt)
+    void fa_bwd_pv_block_f(const float *p, int64_t ldp, const float *vp, int64_t ldv, int64_t k0, int64_t k1,
+                           float *o, int64_t ldo, int64_t nvec)
+    void fa_bwd_pv_block_d(const double *p, int64_t ldp, const double *vp, int64_t ldv, int64_t k0, int64_t k1,
+                           double *o, int64_t ldo, int64_t nvec)
     void fa_bwd_sum_rows_f(const float *src, int64_t stride, int64_t G, int64_t D, float *dst)
     void fa_bwd_sum_rows_d(const double *src, int64_t stride, int64_t G, int64_t D, double *dst)
     float fa_dot_f(const float *a, const float *b, int64_t n)
@@ -190,6 +195,14 @@ cdef inline void bwd_tile_grads(const floating *s, const floating *dp, const flo
         fa_bwd_tile_f(s, dp, f, BWD_BK, lse, dd, nr, nc, dsr, db, pt, dst, BWD_BQ)
     else:
         fa_bwd_tile_d(s, dp, f, BWD_BK, lse, dd, nr, nc, dsr, db, pt, dst, BWD_BQ)
+
+
+cdef inline void bwd_pv_block(const floating *p, int64_t ldp, const floating *vp, int64_t ldv,
+                              int64_t k0, int64_t k1, floating *o, int64_t ldo, int64_t nvec) noexcept nogil:
+    if floating is float:
+        fa_bwd_pv_block_f(p, ldp, vp, ldv, k0, k1, o, ldo, nvec)
+    else:
+        fa_bwd_pv_block_d(p, ldp, vp, ldv, k0, k1, o, ldo, nvec)
 
 
 cdef inline floating dot(const floating *a, const floating *b, int64_t n) noexcept nogil:
@@ -343,10 +356,10 @@ cdef void bwd_products(const BwdPlan *B, BwdWorkspace *ws, int64_t r0, int64_t n
                     qe = i + 1
         if qa < qe:
             if not dnf:
-                pv_block(pt + j0 * BWD_BQ, BWD_BQ, <floating *>ws.dor, B.dvp, qa, qe,
+                bwd_pv_block(pt + j0 * BWD_BQ, BWD_BQ, <floating *>ws.dor, B.dvp, qa, qe,
                          (<floating *>ws.dv) + j0 * B.dvp, B.dvp, B.dvp // W)
             if not qnf:
-                pv_block(dst + j0 * BWD_BQ, BWD_BQ, <floating *>ws.qs, B.dkp, qa, qe,
+                bwd_pv_block(dst + j0 * BWD_BQ, BWD_BQ, <floating *>ws.qs, B.dkp, qa, qe,
                          (<floating *>ws.dk) + j0 * B.dkp, B.dkp, B.dkp // W)
         j0 += FA_PV_MR
     i0 = 0
@@ -355,14 +368,14 @@ cdef void bwd_products(const BwdPlan *B, BwdWorkspace *ws, int64_t r0, int64_t n
         rows_key_span(rw_, i0, i0 + m, kb, n, &a, &e)
         if a < e:
             if m == FA_PV_MR:
-                pv_block(dsr + i0 * BWD_BK, BWD_BK, <floating *>ws.ks, B.dkp, a, e,
+                bwd_pv_block(dsr + i0 * BWD_BK, BWD_BK, <floating *>ws.ks, B.dkp, a, e,
                          dqacc + (r0 + i0) * B.dkp, B.dkp, B.dkp // W)
             else:
                 # the last, partial block of rows: through a whole-block buffer, not
                 # into the rows of the next query block (dS rows past nr are zero)
                 for c in range(m * B.dkp):
                     tail[c] = dqacc[(r0 + i0) * B.dkp + c]
-                pv_block(dsr + i0 * BWD_BK, BWD_BK, <floating *>ws.ks, B.dkp, a, e, tail, B.dkp, B.dkp // W)
+                bwd_pv_block(dsr + i0 * BWD_BK, BWD_BK, <floating *>ws.ks, B.dkp, a, e, tail, B.dkp, B.dkp // W)
                 for c in range(m * B.dkp):
                     dqacc[(r0 + i0) * B.dkp + c] = tail[c]
         i0 += FA_PV_MR
