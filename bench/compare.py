@@ -41,7 +41,7 @@ def _load_harness():
 
 
 H = _load_harness()
-CASES = H.STANDARD_CASES + H.EXTRA_CASES
+CASES = H.STANDARD_CASES + H.EXTRA_CASES + H.BACKWARD_CASES
 CASE_IDS = [c["id"] for c in CASES]
 
 

@@ -22,7 +22,8 @@ torch.  ``window`` is ``[left, right]``: query i sees keys i-left .. i+right.
 ``kv_lengths`` lists, per batch entry, how many leading keys are valid.
 ``alibi`` (optional, absent in older saved runs) adds ALiBi with the usual
 slopes 2^(-8(h+1)/H): fastattn gets ``alibi_slopes``, torch and NumPy the same
--slope·|i - j| as a float bias.
+-slope·|i - j| as a float bias.  ``backward`` (optional) times the gradients
+instead of the forward: "bwd" one backward, "fwd+bwd" a forward and a backward.
 """
 import io
 import json
@@ -108,6 +109,22 @@ EXTRA_CASES = [
        note="ALiBi slopes 2^-1 .. 2^-8 (BLOOM, MPT); torch: the same biases as a float attn_mask"),
 ]
 
+# The backward: attention_backward against torch's scaled_dot_product_attention
+# backward.  "bwd" times one backward (the forward ran once, when the runner was
+# set up: its out and lse, torch's graph); "fwd+bwd" a forward and a backward.
+BACKWARD_CASES = [
+    _A("bwd-prefill", 1, 8, 1024, 1024, 64, backward="bwd", extra=True),
+    _A("bwd-causal", 1, 8, 1024, 1024, 64, causal=True, backward="bwd", extra=True),
+    _A("bwd-1head", 1, 1, 4096, 4096, 128, causal=True, backward="bwd", extra=True, slow_numpy=True,
+       note="one long head: torch's backward parallelises over batch x heads"),
+    _A("bwd-batch", 4, 8, 512, 512, 64, causal=True, backward="bwd", extra=True),
+    _A("bwd-f64", 1, 8, 1024, 1024, 64, dtype="float64", backward="bwd", extra=True),
+    _A("bwd-memory", 1, 1, 16384, 16384, 64, memory=True, backward="bwd", extra=True, slow_numpy=True,
+       note="extra memory beyond inputs, out, lse and the gradients"),
+    _A("train-prefill", 1, 8, 1024, 1024, 64, backward="fwd+bwd", extra=True),
+    _A("train-causal", 1, 8, 1024, 1024, 64, causal=True, backward="fwd+bwd", extra=True),
+]
+
 
 def describe(case):
     """Short shape description, e.g. 'B1 H8 L1024 D64 causal'."""
@@ -128,6 +145,8 @@ def describe(case):
         parts.append("kv_lengths")
     if case.get("alibi"):
         parts.append("ALiBi")
+    if case.get("backward"):
+        parts.append("backward" if case["backward"] == "bwd" else "forward+backward")
     return " ".join(parts)
 
 
@@ -168,9 +187,14 @@ def _visible_range(case, i, n_keys):
     return lo, hi
 
 
+# FLOPs of a backward counted as 2.5 forwards (five products against two)
+_BACKWARD_FLOPS = {None: 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+
+
 def attention_flops(case):
-    """FLOPs of attention: 2*D for q.k plus 2*Dv for p.v per visible pair."""
-    return 2 * (case["D"] + case["Dv"]) * case["Hq"] * visible_pairs(case)
+    """FLOPs of attention: 2*D for q.k plus 2*Dv for p.v per visible pair (the
+    backward: 2.5 times that, forward and backward 3.5 times)."""
+    return _BACKWARD_FLOPS[case.get("backward")] * 2 * (case["D"] + case["Dv"]) * case["Hq"] * visible_pairs(case)
 
 
 def kv_bytes(case):
@@ -181,9 +205,10 @@ def kv_bytes(case):
 
 
 def numpy_scores_bytes(case):
-    """Bytes of the full score matrix the naive NumPy version materialises."""
+    """Bytes of the full score matrices the naive NumPy version materialises (the
+    backward: probabilities, their gradient and the score gradient)."""
     itemsize = 8 if case["dtype"] == "float64" else 4
-    return case["B"] * case["Hq"] * case["Lq"] * case["Lk"] * itemsize
+    return (3 if case.get("backward") else 1) * case["B"] * case["Hq"] * case["Lq"] * case["Lk"] * itemsize
 
 
 # ---------------------------------------------------------------------------
