@@ -74,8 +74,9 @@ cdef struct BwdPlan:
     double softcap          # 0: none
     int want_dbias
     int64_t dkp, dvp        # head dims rounded up to whole vectors
-    int64_t pad             # tile rows / keys are processed in multiples of this
     int64_t nkb, nqb        # key blocks, query blocks (over the g * Lq rows of a batch element)
+    int64_t tq, ts          # row strides of the transposed tiles (query rows) and of the score
+                            # tiles (keys): BWD_BQ and BWD_BK, less for problems smaller than a tile
     int64_t G               # key groups per batch element
     int64_t nslices
     const int64_t *order    # batch elements slice by slice (NULL: slice s = batch element s)
@@ -87,66 +88,70 @@ cdef struct BwdWorkspace:
     char *arena             # one allocation holding every buffer below
     Workspace rows          # the forward's per-row arrays (lo, hi, pos, qoff, goff) of one query
                             # block, for setup_rows, rows_key_span and apply_score_options
-    void *qs                # BQ x dkp    scaled query rows
-    void *dor               # BQ x dvp    output-gradient rows
-    void *kt                # Dk x BK     key panels (pack_k_tile)
-    void *vt                # Dv x BK     value panels
-    void *ks                # BK x dkp    scaled key rows
-    void *s                 # BQ x BK     scores
-    void *dp                # BQ x BK     dO . V^T, then dS
-    void *f                 # BQ x BK     softcap factor 1 - tanh^2
-    void *db                # BQ x BK     bias gradient before the softcap factor
-    void *pt                # BK x BQ     P^T
-    void *dst               # BK x BQ     dS^T
-    void *dk                # BK x dkp    dK accumulator of the key block
-    void *dv                # BK x dvp    dV accumulator
+    # (tq <= BQ query rows, ts <= BK keys: BwdPlan)
+    void *qs                # tq x dkp    scaled query rows
+    void *dor               # tq x dvp    output-gradient rows
+    void *kt                # Dk x ts     key panels (pack_k_tile)
+    void *vt                # Dv x ts     value panels
+    void *ks                # ts x dkp    scaled key rows
+    void *s                 # tq x ts     scores
+    void *dp                # tq x ts     dO . V^T, then dS
+    void *f                 # tq x ts     softcap factor 1 - tanh^2
+    void *db                # tq x ts     bias gradient before the softcap factor
+    void *pt                # ts x tq     P^T
+    void *dst               # ts x tq     dS^T
+    void *dk                # ts x dkp    dK accumulator of the key block
+    void *dv                # ts x dvp    dV accumulator
     void *tail              # PV_MR x dkp the dQ rows of a partial register block
-    void *lse               # nrows + BQ  per-row lse (+inf for rows that see no key)
-    void *dd                # nrows + BQ  rowsum(dO * O)
+    void *lse               # nrows + tq  per-row lse (+inf for rows that see no key)
+    void *dd                # nrows + tq  rowsum(dO * O)
     int64_t *qlo            # nqb         first key any row of a query block sees
     int64_t *qhi            # nqb         one past its last
-    int64_t *off            # max(BQ, BK) element offsets of rows to pack
+    int64_t *off            # max(tq, ts) element offsets of rows to pack
     void *dq                # nrows x dkp dQ accumulator (G == 1)
 
 
 cdef int64_t bwd_workspace_layout(BwdWorkspace *ws, const BwdPlan *B, size_t item, char *base) noexcept nogil:
     """Lay the buffers out from base (NULL: only measure); returns the bytes needed."""
     cdef char *cur = base
-    cdef int64_t tile = BWD_BQ * BWD_BK * item
+    cdef int64_t tile = B.tq * B.ts * item
     cdef int64_t dk = B.P.Dk if B.P.Dk > 0 else 1
     cdef int64_t dv = B.P.Dv if B.P.Dv > 0 else 1
     cdef int64_t nrows = B.P.nrows
-    ws.qs = carve(&cur, BWD_BQ * B.dkp * item)
-    ws.dor = carve(&cur, BWD_BQ * B.dvp * item)
-    ws.kt = carve(&cur, BWD_BK * dk * item)
-    ws.vt = carve(&cur, BWD_BK * dv * item)
-    ws.ks = carve(&cur, BWD_BK * B.dkp * item)
+    ws.qs = carve(&cur, B.tq * B.dkp * item)
+    ws.dor = carve(&cur, B.tq * B.dvp * item)
+    ws.kt = carve(&cur, B.ts * dk * item)
+    ws.vt = carve(&cur, B.ts * dv * item)
+    ws.ks = carve(&cur, B.ts * B.dkp * item)
     ws.s = carve(&cur, tile)
     ws.dp = carve(&cur, tile)
     ws.f = carve(&cur, tile) if B.softcap > 0 else NULL
     ws.db = carve(&cur, tile) if B.softcap > 0 and B.want_dbias else NULL
     ws.pt = carve(&cur, tile)
     ws.dst = carve(&cur, tile)
-    ws.dk = carve(&cur, BWD_BK * B.dkp * item)
-    ws.dv = carve(&cur, BWD_BK * B.dvp * item)
+    ws.dk = carve(&cur, B.ts * B.dkp * item)
+    ws.dv = carve(&cur, B.ts * B.dvp * item)
     ws.tail = carve(&cur, FA_PV_MR * B.dkp * item)
-    ws.lse = carve(&cur, (nrows + BWD_BQ) * item)
-    ws.dd = carve(&cur, (nrows + BWD_BQ) * item)
+    ws.lse = carve(&cur, (nrows + B.tq) * item)
+    ws.dd = carve(&cur, (nrows + B.tq) * item)
     ws.qlo = <int64_t *>carve(&cur, B.nqb * sizeof(int64_t))
     ws.qhi = <int64_t *>carve(&cur, B.nqb * sizeof(int64_t))
-    ws.off = <int64_t *>carve(&cur, max(<int64_t>BWD_BQ, <int64_t>BWD_BK) * sizeof(int64_t))
+    ws.off = <int64_t *>carve(&cur, max(B.tq, B.ts) * sizeof(int64_t))
     ws.dq = carve(&cur, nrows * B.dkp * item) if B.G == 1 else NULL
-    ws.rows.lo = <int64_t *>carve(&cur, BWD_BQ * sizeof(int64_t))
-    ws.rows.hi = <int64_t *>carve(&cur, BWD_BQ * sizeof(int64_t))
-    ws.rows.pos = <int64_t *>carve(&cur, BWD_BQ * sizeof(int64_t))
-    ws.rows.qoff = <int64_t *>carve(&cur, BWD_BQ * sizeof(int64_t))
-    ws.rows.goff = <int64_t *>carve(&cur, BWD_BQ * sizeof(int64_t))
+    ws.rows.lo = <int64_t *>carve(&cur, B.tq * sizeof(int64_t))
+    ws.rows.hi = <int64_t *>carve(&cur, B.tq * sizeof(int64_t))
+    ws.rows.pos = <int64_t *>carve(&cur, B.tq * sizeof(int64_t))
+    ws.rows.qoff = <int64_t *>carve(&cur, B.tq * sizeof(int64_t))
+    ws.rows.goff = <int64_t *>carve(&cur, B.tq * sizeof(int64_t))
     return cur - base
 
 
 cdef BwdWorkspace *bwd_workspace_new(const BwdPlan *B, size_t item) noexcept nogil:
-    """A heap workspace with its arena allocated and zeroed (so that the tile
-    lanes no kernel writes hold zeros, not subnormal garbage); NULL on failure."""
+    """A heap workspace with its arena allocated; NULL on failure.  The lanes of
+    dP and of the softcap factor that no product writes, and the row terms of
+    padding rows, are read (and discarded by fa_bwd_tile's selects): zeros
+    there, not whatever the memory held (subnormal garbage costs microcode
+    assists on some cores)."""
     cdef BwdWorkspace *ws = <BwdWorkspace *>fa_alloc(sizeof(BwdWorkspace))
     cdef int64_t nbytes
     if ws == NULL:
@@ -160,8 +165,12 @@ cdef BwdWorkspace *bwd_workspace_new(const BwdPlan *B, size_t item) noexcept nog
     if ws.arena == NULL:
         fa_free(ws)
         return NULL
-    memset(ws.arena, 0, nbytes)
     bwd_workspace_layout(ws, B, item, ws.arena)
+    memset(ws.dp, 0, B.tq * B.ts * item)
+    if ws.f != NULL:
+        memset(ws.f, 0, B.tq * B.ts * item)
+    memset(ws.lse, 0, (B.P.nrows + B.tq) * item)
+    memset(ws.dd, 0, (B.P.nrows + B.tq) * item)
     return ws
 
 
@@ -188,13 +197,13 @@ cdef inline void bwd_softcap_factor(const floating *x, floating *f, int64_t n, f
         fa_bwd_softcap_factor_d(x, f, n, c)
 
 
-cdef inline void bwd_tile_grads(const floating *s, const floating *dp, const floating *f, const floating *lse,
-                                const floating *dd, int64_t nr, int64_t nc, floating *dsr, floating *db,
-                                floating *pt, floating *dst) noexcept nogil:
+cdef inline void bwd_tile_grads(const floating *s, const floating *dp, const floating *f, int64_t lds,
+                                const floating *lse, const floating *dd, int64_t nr, int64_t nc, floating *dsr,
+                                floating *db, floating *pt, floating *dst, int64_t ldt) noexcept nogil:
     if floating is float:
-        fa_bwd_tile_f(s, dp, f, BWD_BK, lse, dd, nr, nc, dsr, db, pt, dst, BWD_BQ)
+        fa_bwd_tile_f(s, dp, f, lds, lse, dd, nr, nc, dsr, db, pt, dst, ldt)
     else:
-        fa_bwd_tile_d(s, dp, f, BWD_BK, lse, dd, nr, nc, dsr, db, pt, dst, BWD_BQ)
+        fa_bwd_tile_d(s, dp, f, lds, lse, dd, nr, nc, dsr, db, pt, dst, ldt)
 
 
 cdef inline void bwd_pv_block(const floating *p, int64_t ldp, const floating *vp, int64_t ldv,
@@ -296,11 +305,11 @@ cdef void bwd_scores(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t r0, 
     while i0 < nr:
         rows_key_span(rw_, i0, min(i0 + FA_QK_MR, nr), kb, n, &a, &e)
         if a < e:
-            qk_block(qs + i0 * B.dkp, B.dkp, <floating *>ws.kt, P.Dk, s + i0 * BWD_BK, BWD_BK, a // NR, e)
-            qk_block(dor + i0 * B.dvp, B.dvp, <floating *>ws.vt, P.Dv, dp + i0 * BWD_BK, BWD_BK, a // NR, e)
+            qk_block(qs + i0 * B.dkp, B.dkp, <floating *>ws.kt, P.Dk, s + i0 * B.ts, B.ts, a // NR, e)
+            qk_block(dor + i0 * B.dvp, B.dvp, <floating *>ws.vt, P.Dv, dp + i0 * B.ts, B.ts, a // NR, e)
         i0 += FA_QK_MR
     for i in range(rw):
-        srow = s + i * BWD_BK
+        srow = s + i * B.ts
         if i >= nr or rw_.hi[i] <= rw_.lo[i]:
             for j in range(cw):
                 srow[j] = -INFINITY
@@ -309,7 +318,7 @@ cdef void bwd_scores(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t r0, 
         e = rw_.hi[i] - kb
         if B.softcap > 0:
             row_softcap(srow + a, e - a, <floating>B.softcap)
-            bwd_softcap_factor(srow + a, (<floating *>ws.f) + i * BWD_BK + a, e - a, <floating>B.softcap)
+            bwd_softcap_factor(srow + a, (<floating *>ws.f) + i * B.ts + a, e - a, <floating>B.softcap)
         if needs_options:
             grp = rw_.goff[i]
             pos = r0 + i - grp * P.Lq
@@ -356,10 +365,10 @@ cdef void bwd_products(const BwdPlan *B, BwdWorkspace *ws, int64_t r0, int64_t n
                     qe = i + 1
         if qa < qe:
             if not dnf:
-                bwd_pv_block(pt + j0 * BWD_BQ, BWD_BQ, <floating *>ws.dor, B.dvp, qa, qe,
+                bwd_pv_block(pt + j0 * B.tq, B.tq, <floating *>ws.dor, B.dvp, qa, qe,
                          (<floating *>ws.dv) + j0 * B.dvp, B.dvp, B.dvp // W)
             if not qnf:
-                bwd_pv_block(dst + j0 * BWD_BQ, BWD_BQ, <floating *>ws.qs, B.dkp, qa, qe,
+                bwd_pv_block(dst + j0 * B.tq, B.tq, <floating *>ws.qs, B.dkp, qa, qe,
                          (<floating *>ws.dk) + j0 * B.dkp, B.dkp, B.dkp // W)
         j0 += FA_PV_MR
     i0 = 0
@@ -368,14 +377,14 @@ cdef void bwd_products(const BwdPlan *B, BwdWorkspace *ws, int64_t r0, int64_t n
         rows_key_span(rw_, i0, i0 + m, kb, n, &a, &e)
         if a < e:
             if m == FA_PV_MR:
-                bwd_pv_block(dsr + i0 * BWD_BK, BWD_BK, <floating *>ws.ks, B.dkp, a, e,
+                bwd_pv_block(dsr + i0 * B.ts, B.ts, <floating *>ws.ks, B.dkp, a, e,
                          dqacc + (r0 + i0) * B.dkp, B.dkp, B.dkp // W)
             else:
                 # the last, partial block of rows: through a whole-block buffer, not
                 # into the rows of the next query block (dS rows past nr are zero)
                 for c in range(m * B.dkp):
                     tail[c] = dqacc[(r0 + i0) * B.dkp + c]
-                bwd_pv_block(dsr + i0 * BWD_BK, BWD_BK, <floating *>ws.ks, B.dkp, a, e, tail, B.dkp, B.dkp // W)
+                bwd_pv_block(dsr + i0 * B.ts, B.ts, <floating *>ws.ks, B.dkp, a, e, tail, B.dkp, B.dkp // W)
                 for c in range(m * B.dkp):
                     dqacc[(r0 + i0) * B.dkp + c] = tail[c]
         i0 += FA_PV_MR
@@ -400,22 +409,22 @@ cdef void bwd_products_exact(const BwdPlan *B, BwdWorkspace *ws, int64_t r0, int
     cdef int64_t i, j, c
     for j in range(n):
         for i in range(nr):
-            if s[i * BWD_BK + j] == -INFINITY:
+            if s[i * B.ts + j] == -INFINITY:
                 continue
             if dnf:
-                x = pt[j * BWD_BQ + i]
+                x = pt[j * B.tq + i]
                 for c in range(B.P.Dv):
                     dv[j * B.dvp + c] += x * dor[i * B.dvp + c]
             if qnf:
-                x = dst[j * BWD_BQ + i]
+                x = dst[j * B.tq + i]
                 for c in range(B.P.Dk):
                     dk[j * B.dkp + c] += x * qs[i * B.dkp + c]
     if knf:
         for i in range(nr):
             for j in range(n):
-                if s[i * BWD_BK + j] == -INFINITY:
+                if s[i * B.ts + j] == -INFINITY:
                     continue
-                x = dsr[i * BWD_BK + j]
+                x = dsr[i * B.ts + j]
                 for c in range(B.P.Dk):
                     dqacc[(r0 + i) * B.dkp + c] += x * ks[j * B.dkp + c]
 
@@ -437,7 +446,7 @@ cdef void bwd_dbias_add(const BwdPlan *B, const BwdWorkspace *ws, int64_t b, int
         grp = rw_.goff[i]
         pos = r0 + i - grp * P.Lq
         row = dbase + grp * B.dbias.sg + pos * B.dbias.sr
-        g = src + i * BWD_BK - kb
+        g = src + i * B.ts - kb
         if sc != 0 or P.Lk == 1:
             for j in range(rw_.lo[i], rw_.hi[i]):
                 row[j * sc] += g[j]
@@ -446,6 +455,13 @@ cdef void bwd_dbias_add(const BwdPlan *B, const BwdWorkspace *ws, int64_t b, int
             for j in range(rw_.lo[i], rw_.hi[i]):
                 acc += g[j]
             row[0] = acc
+
+
+cdef inline int64_t tile_span(int64_t x, int64_t W) noexcept nogil:
+    """Rows (keys) of a tile with x real ones that the kernels touch: whole
+    register blocks of both micro-kernels, whole W x W blocks of fa_bwd_tile
+    (at most BWD_BQ = BWD_BK, a multiple of all of them)."""
+    return round_up(max(round_up(x, FA_QK_MR), round_up(x, FA_PV_MR)), W)
 
 
 cdef void bwd_tile(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t r, int64_t kb, int64_t n,
@@ -461,8 +477,8 @@ cdef void bwd_tile(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t r, int
     setup_rows(P, &ws.rows, b, r0, nr, kb, kb + n, &lo_all, &hi_all)
     if lo_all >= hi_all:
         return
-    rw = min(round_up(nr, B.pad), <int64_t>BWD_BQ)
-    cw = min(round_up(n, B.pad), <int64_t>BWD_BK)
+    rw = tile_span(nr, FA_VBYTES // sizeof(floating))
+    cw = tile_span(n, FA_VBYTES // sizeof(floating))
     qnf = bwd_pack_rows((<const floating *>P.q.base) + batch_offset(P, &P.q, b), ws.rows.qoff, P.q.sc, nr,
                         P.Dk, <floating>P.scale, <floating *>ws.qs, B.dkp, rw)
     for i in range(nr):
@@ -472,8 +488,8 @@ cdef void bwd_tile(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t r, int
     dnf = bwd_pack_rows((<const floating *>B.dout.base) + batch_offset(P, &B.dout, b), ws.off, B.dout.sc, nr,
                         P.Dv, 1, <floating *>ws.dor, B.dvp, rw)
     bwd_scores(B, ws, b, r0, nr, kb, n, rw, cw, s)
-    bwd_tile_grads(s, dp, <floating *>ws.f, (<floating *>ws.lse) + r0, (<floating *>ws.dd) + r0, rw, cw,
-                   dp, <floating *>ws.db, <floating *>ws.pt, <floating *>ws.dst)
+    bwd_tile_grads(s, dp, <floating *>ws.f, B.ts, (<floating *>ws.lse) + r0, (<floating *>ws.dd) + r0, rw, cw,
+                   dp, <floating *>ws.db, <floating *>ws.pt, <floating *>ws.dst, B.tq)
     bwd_products(B, ws, r0, nr, kb, n, qnf, dnf, knf, dqacc)
     if B.want_dbias:
         bwd_dbias_add(B, ws, b, r0, nr, kb, <floating *>ws.db if B.softcap > 0 else dp)
@@ -599,16 +615,6 @@ cdef int bwd_run(BwdPlan *B, floating dummy, int nthreads) except -1:
     return 0
 
 
-cdef inline int64_t gcd64(int64_t a, int64_t b) noexcept nogil:
-    while b:
-        a, b = b, a % b
-    return a
-
-
-cdef inline int64_t lcm64(int64_t a, int64_t b) noexcept nogil:
-    return a // gcd64(a, b) * b
-
-
 cdef int64_t bwd_key_groups(const BwdPlan *B, size_t item) noexcept nogil:
     """Key groups per batch element: enough units for BWD_UNIT_TARGET, no more
     than key blocks, dq partials within BWD_PARTIAL_BUDGET; 1 when a dbias
@@ -668,9 +674,12 @@ def attention_backward_run(cnp.ndarray dout, cnp.ndarray q, cnp.ndarray k, cnp.n
     B.softcap = softcap
     B.dkp = round_up(B.P.Dk if B.P.Dk > 0 else 1, W)
     B.dvp = round_up(B.P.Dv if B.P.Dv > 0 else 1, W)
-    B.pad = lcm64(lcm64(W, FA_QK_MR), FA_PV_MR)
     B.nkb = (B.P.Lk + BWD_BK - 1) // BWD_BK
     B.nqb = (B.P.nrows + BWD_BQ - 1) // BWD_BQ
+    # small problems get small tiles (a small arena: no page faults per call);
+    # QK panels are written whole, so score rows hold whole panels
+    B.tq = tile_span(min(B.P.nrows, <int64_t>BWD_BQ), W)
+    B.ts = max(tile_span(min(B.P.Lk, <int64_t>BWD_BK), W), round_up(min(B.P.Lk, <int64_t>BWD_BK), FA_QK_NV * W))
     # a dbias shared by batch elements: the elements of one dbias slice go to one
     # unit (they add into the same rows), in batch order
     B.order = NULL
