@@ -105,7 +105,7 @@ def test_options_match_reference(name, dtype, rng):
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 1, 5, 1), (2, 1, 1, 7), (1, 2, 33, 33), (1, 1, 97, 193),
                                    (2, 2, 300, 17)])
-@pytest.mark.parametrize("D", [1, 8, 33, 64])
+@pytest.mark.parametrize("D", [1, 8, 33, 64, 130])
 def test_lengths_and_head_dims(shape, D, rng):
     B, H, Lq, Lk = shape
     for dtype in (np.float64, np.float32):

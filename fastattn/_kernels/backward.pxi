@@ -498,18 +498,25 @@ cdef void bwd_tile(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t r, int
 cdef void bwd_key_block(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t kb, int64_t n,
                         floating *dqacc) noexcept nogil:
     """dK and dV of keys kb..kb+n-1 of batch element b over every query block
-    that sees them (written once, at the end), and their share of dQ."""
+    that sees them (written once, at the end; zeros when none does, without
+    reading the keys), and their share of dQ."""
     cdef const Plan *P = &B.P
     cdef floating *dk = <floating *>ws.dk
     cdef floating *dv = <floating *>ws.dv
     cdef floating *dst
-    cdef int64_t r, j, c
-    cdef int knf = bwd_pack_keys(B, ws, b, kb, n, <floating *>ws.kt)
+    cdef int64_t r, j, c, r_first = B.nqb
+    cdef int knf = 0
+    for r in range(B.nqb):
+        if ws.qhi[r] > kb and ws.qlo[r] < kb + n:
+            r_first = r
+            break
+    if r_first < B.nqb:
+        knf = bwd_pack_keys(B, ws, b, kb, n, <floating *>ws.kt)
     for j in range(round_up(n, FA_PV_MR) * B.dkp):
         dk[j] = 0
     for j in range(round_up(n, FA_PV_MR) * B.dvp):
         dv[j] = 0
-    for r in range(B.nqb):
+    for r in range(r_first, B.nqb):
         if ws.qhi[r] > kb and ws.qlo[r] < kb + n:
             bwd_tile(B, ws, b, r, kb, n, knf, dqacc)
     for j in range(n):
