@@ -190,8 +190,9 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
     cdt, odt = _dtypes(q, k, v)
     Lq, Dk = q.shape[-2:]
     Lk, Dv = v.shape[-2:]
-    if return_dbias is not False and return_dbias is not True:
+    if not isinstance(return_dbias, (bool, np.bool_)):
         raise TypeError(f"return_dbias must be True or False, got {return_dbias!r}")
+    return_dbias = bool(return_dbias)
     if return_dbias and bias is None:
         raise ValueError("return_dbias=True needs a bias")
     bias_in = None if bias is None else _as_array(bias, "bias")
