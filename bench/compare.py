@@ -41,7 +41,7 @@ def _load_harness():
 
 
 H = _load_harness()
-CASES = H.STANDARD_CASES + H.EXTRA_CASES
+CASES = H.STANDARD_CASES + H.EXTRA_CASES + H.BACKWARD_CASES
 CASE_IDS = [c["id"] for c in CASES]
 
 
@@ -138,24 +138,30 @@ def run(args):
                 runs[lib].append(r)
         results["cases"].append({"case": case, "describe": H.describe(case), "numpy_skipped": skip,
                                  "runs": runs})
-    # Thread scaling of prefill: 1 thread against --threads, in alternating
-    # processes, the ratio taken pair by pair (the box's speed drifts).
-    prefill = next((c for c in cases if c["id"] == "prefill"), None)
-    if prefill is not None and args.threads > 1 and available["fastattn"]:
-        pairs = []
-        for rep in range(args.repeats):
-            log(f"[scaling] prefill 1 vs {args.threads} threads (repeat {rep + 1}/{args.repeats}) ...")
-            one = H.run_child("fastattn", prefill, 1, min_time=args.min_time, pythonpath=path,
-                              timeout=args.timeout)
-            many = H.run_child("fastattn", prefill, args.threads, min_time=args.min_time,
-                               pythonpath=path, timeout=args.timeout)
-            if "error" in one or "error" in many:
-                log(f"  failed: {one.get('error') or many.get('error')}")
-                continue
-            pairs.append({"one": one["seconds"], "many": many["seconds"]})
-        results["scaling"] = pairs
+    # Thread scaling of prefill (and of the one-head backward when it runs): 1
+    # thread against --threads, in alternating processes, the ratio taken pair
+    # by pair (the box's speed drifts).
+    for case_id, key in (("prefill", "scaling"), ("bwd-1head", "scaling_bwd_1head")):
+        case = next((c for c in cases if c["id"] == case_id), None)
+        if case is not None and args.threads > 1 and available["fastattn"]:
+            results[key] = _scaling_pairs(case, args, path)
     results["loadavg_end"] = _loadavg()
     return results
+
+
+def _scaling_pairs(case, args, path):
+    pairs = []
+    for rep in range(args.repeats):
+        log(f"[scaling] {case['id']} 1 vs {args.threads} threads (repeat {rep + 1}/{args.repeats}) ...")
+        one = H.run_child("fastattn", case, 1, min_time=args.min_time, pythonpath=path,
+                          timeout=args.timeout)
+        many = H.run_child("fastattn", case, args.threads, min_time=args.min_time,
+                           pythonpath=path, timeout=args.timeout)
+        if "error" in one or "error" in many:
+            log(f"  failed: {one.get('error') or many.get('error')}")
+            continue
+        pairs.append({"one": one["seconds"], "many": many["seconds"]})
+    return pairs
 
 
 def _loadavg():
@@ -289,13 +295,14 @@ def print_report(results, ceil, rows, out=None):
             notes.append(f"{r['id']}: {r['numpy_skipped']}")
         for lib, e in r["errors"].items():
             notes.append(f"{r['id']}: {lib} failed: {e}")
-    pairs = results.get("scaling")
-    if pairs:
-        one = H._median([q["one"] for q in pairs])
-        many = H._median([q["many"] for q in pairs])
-        ratio = H._median([q["one"] / q["many"] for q in pairs])
-        p(f"\nThread scaling, prefill: 1 thread {H.fmt_time(one)}, {results['threads']} threads "
-          f"{H.fmt_time(many)}: {ratio:.2f}× (median of {len(pairs)} alternating pairs)")
+    for key, what in (("scaling", "prefill"), ("scaling_bwd_1head", "bwd-1head")):
+        pairs = results.get(key)
+        if pairs:
+            one = H._median([q["one"] for q in pairs])
+            many = H._median([q["many"] for q in pairs])
+            ratio = H._median([q["one"] / q["many"] for q in pairs])
+            p(f"\nThread scaling, {what}: 1 thread {H.fmt_time(one)}, {results['threads']} threads "
+              f"{H.fmt_time(many)}: {ratio:.2f}× (median of {len(pairs)} alternating pairs)")
     mem_rows = [r for r in rows if r["case"].get("memory")]
     if mem_rows:
         p("\nPeak memory beyond inputs and output (one call, VmHWM after a reset):\n")

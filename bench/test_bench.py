@@ -149,3 +149,24 @@ def test_softmax(benchmark, case, contestant, bench_threads):
     assert out.dtype == x.dtype and out.shape == x.shape
     part = (slice(None), slice(0, 64)) if axis == 0 else (slice(0, 64),)
     np.testing.assert_allclose(out[part], reference.softmax(x[part], axis=axis), **tolerance(case["dtype"]))
+
+
+BACKWARD_CASES = H.BACKWARD_CASES
+
+
+@pytest.mark.parametrize("case, contestant",
+                         [(c, who) for c in BACKWARD_CASES for who in ("fastattn", "numpy")],
+                         ids=[f"{c['id']}-{who}" for c in BACKWARD_CASES for who in ("fastattn", "numpy")])
+def test_backward(benchmark, case, contestant, bench_threads):
+    """Gradients (one backward on one forward's out and lse, or both for the
+    'fwd+bwd' cases); dq checked on the rows of check_against_float64."""
+    if contestant == "numpy" and H.numpy_scores_bytes(case) > NUMPY_MAX_SCORES_BYTES:
+        pytest.skip(f"naive NumPy needs {H.numpy_scores_bytes(case) / 2**30:.1f} GiB of score matrices")
+    _group(benchmark, case)
+    inputs = inputs_for(case)
+    fn, _ = H.RUNNERS[contestant](case, inputs, bench_threads, np)
+    dq, dk, dv = benchmark(fn)
+    for g, name in ((dq, "q"), (dk, "k"), (dv, "v")):
+        assert g.shape == inputs[name].shape and g.dtype == inputs[name].dtype
+    err = H.check_against_float64(case, inputs, (dq, dk, dv), np)
+    assert err <= (1e-4 if case["dtype"] == "float32" else 1e-11), f"{case['id']}: dq error {err:.1e}"

@@ -93,3 +93,15 @@ def test_from_json_refuses_measuring_options(compare, tmp_path, opt, capsys):
         compare.main(["--from-json", str(path)] + opt)
     assert exc.value.code == 2
     assert opt[0] in capsys.readouterr().err
+
+
+def test_scaling_lines_for_prefill_and_the_one_head_backward(compare, capsys):
+    res = _results([2.0], [1.0])
+    res["scaling"] = [{"one": 2.0, "many": 1.0}]
+    res["scaling_bwd_1head"] = [{"one": 3.0, "many": 1.6}, {"one": 3.0, "many": 1.5}, {"one": 3.0, "many": 2.0}]
+    ceil, rows = compare.summarize(res)
+    compare.print_report(res, ceil, rows)
+    out = capsys.readouterr().out
+    assert "Thread scaling, prefill:" in out and "2.00×" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("Thread scaling, bwd-1head"))
+    assert "1.88×" in line and "median of 3" in line     # 3/1.6, 3/1.5, 3/2.0 -> median 1.875

@@ -151,6 +151,67 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ...,
 ) -> Any: ...
 
+@overload
+def attention_backward(
+    grad_out: ArrayLike,
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    out: ArrayLike,
+    lse: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_dbias: Literal[False] = ...,
+    num_threads: int | None = ...,
+) -> tuple[NDArray[_Float], NDArray[_Float], NDArray[_Float]]: ...
+@overload
+def attention_backward(
+    grad_out: ArrayLike,
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    out: ArrayLike,
+    lse: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_dbias: Literal[True],
+    num_threads: int | None = ...,
+) -> tuple[NDArray[_Float], NDArray[_Float], NDArray[_Float], NDArray[_Float]]: ...
+@overload
+def attention_backward(
+    grad_out: ArrayLike,
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    out: ArrayLike,
+    lse: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_dbias: bool = ...,
+    num_threads: int | None = ...,
+) -> tuple[NDArray[_Float], ...]: ...
+
 def softmax(
     x: ArrayLike,
     axis: int | None = ...,

@@ -22,7 +22,8 @@ torch.  ``window`` is ``[left, right]``: query i sees keys i-left .. i+right.
 ``kv_lengths`` lists, per batch entry, how many leading keys are valid.
 ``alibi`` (optional, absent in older saved runs) adds ALiBi with the usual
 slopes 2^(-8(h+1)/H): fastattn gets ``alibi_slopes``, torch and NumPy the same
--slope·|i - j| as a float bias.
+-slope·|i - j| as a float bias.  ``backward`` (optional) times the gradients
+instead of the forward: "bwd" one backward, "fwd+bwd" a forward and a backward.
 """
 import io
 import json
@@ -108,6 +109,22 @@ EXTRA_CASES = [
        note="ALiBi slopes 2^-1 .. 2^-8 (BLOOM, MPT); torch: the same biases as a float attn_mask"),
 ]
 
+# The backward: attention_backward against torch's scaled_dot_product_attention
+# backward.  "bwd" times one backward (the forward ran once, when the runner was
+# set up: its out and lse, torch's graph); "fwd+bwd" a forward and a backward.
+BACKWARD_CASES = [
+    _A("bwd-prefill", 1, 8, 1024, 1024, 64, backward="bwd", extra=True),
+    _A("bwd-causal", 1, 8, 1024, 1024, 64, causal=True, backward="bwd", extra=True),
+    _A("bwd-1head", 1, 1, 4096, 4096, 128, causal=True, backward="bwd", extra=True, slow_numpy=True,
+       note="one long head: torch's backward parallelises over batch x heads"),
+    _A("bwd-batch", 4, 8, 512, 512, 64, causal=True, backward="bwd", extra=True),
+    _A("bwd-f64", 1, 8, 1024, 1024, 64, dtype="float64", backward="bwd", extra=True),
+    _A("bwd-memory", 1, 1, 16384, 16384, 64, memory=True, backward="bwd", extra=True, slow_numpy=True,
+       note="extra memory beyond inputs, out, lse and the gradients"),
+    _A("train-prefill", 1, 8, 1024, 1024, 64, backward="fwd+bwd", extra=True),
+    _A("train-causal", 1, 8, 1024, 1024, 64, causal=True, backward="fwd+bwd", extra=True),
+]
+
 
 def describe(case):
     """Short shape description, e.g. 'B1 H8 L1024 D64 causal'."""
@@ -128,6 +145,8 @@ def describe(case):
         parts.append("kv_lengths")
     if case.get("alibi"):
         parts.append("ALiBi")
+    if case.get("backward"):
+        parts.append("backward" if case["backward"] == "bwd" else "forward+backward")
     return " ".join(parts)
 
 
@@ -168,9 +187,14 @@ def _visible_range(case, i, n_keys):
     return lo, hi
 
 
+# FLOPs of a backward counted as 2.5 forwards (five products against two)
+_BACKWARD_FLOPS = {None: 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+
+
 def attention_flops(case):
-    """FLOPs of attention: 2*D for q.k plus 2*Dv for p.v per visible pair."""
-    return 2 * (case["D"] + case["Dv"]) * case["Hq"] * visible_pairs(case)
+    """FLOPs of attention: 2*D for q.k plus 2*Dv for p.v per visible pair (the
+    backward: 2.5 times that, forward and backward 3.5 times)."""
+    return _BACKWARD_FLOPS[case.get("backward")] * 2 * (case["D"] + case["Dv"]) * case["Hq"] * visible_pairs(case)
 
 
 def kv_bytes(case):
@@ -181,9 +205,10 @@ def kv_bytes(case):
 
 
 def numpy_scores_bytes(case):
-    """Bytes of the full score matrix the naive NumPy version materialises."""
+    """Bytes of the full score matrices the naive NumPy version materialises (the
+    backward: probabilities, their gradient and the score gradient)."""
     itemsize = 8 if case["dtype"] == "float64" else 4
-    return case["B"] * case["Hq"] * case["Lq"] * case["Lk"] * itemsize
+    return (3 if case.get("backward") else 1) * case["B"] * case["Hq"] * case["Lq"] * case["Lk"] * itemsize
 
 
 # ---------------------------------------------------------------------------
@@ -210,6 +235,8 @@ def make_inputs(case, np):
         inputs["kv_lengths"] = np.asarray(case["kv_lengths"], dtype=np.int64)
     if case.get("alibi"):
         inputs["alibi_slopes"] = 2.0 ** (-8.0 * np.arange(1, Hq + 1) / Hq)
+    if case.get("backward"):
+        inputs["grad"] = rng.standard_normal((B, Hq, case["Lq"], case["Dv"]), dtype=np.float32).astype(dt)
     return inputs
 
 
@@ -248,14 +275,9 @@ def allowed_mask(case, inputs, np, rows=None, batch=None):
     return allowed
 
 
-def naive_attention(q, k, v, scale, blocked, np, bias=None):
-    """softmax(q kᵀ · scale + bias, masked) v with the full score matrix, NumPy style.
-
-    q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); Hq a multiple of
-    Hkv (grouped heads share K/V).  ``blocked`` is True where a score is
-    masked out (broadcastable to (B, 1, 1, Lq, Lk)) or None; ``bias`` a float
-    array (1, Hq, Lq, Lk) or None.
-    """
+def naive_probabilities(q, k, scale, blocked, np, bias=None):
+    """softmax(q kᵀ · scale + bias, masked), the full (B, Hkv, Hq / Hkv, Lq, Lk)
+    matrix, NumPy style (see naive_attention)."""
     B, Hq, Lq, D = q.shape
     Hkv = k.shape[1]
     q5 = q.reshape(B, Hkv, Hq // Hkv, Lq, D)
@@ -268,8 +290,38 @@ def naive_attention(q, k, v, scale, blocked, np, bias=None):
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
     s /= s.sum(axis=-1, keepdims=True)
-    out = s @ v[:, :, None]
+    return s
+
+
+def naive_attention(q, k, v, scale, blocked, np, bias=None):
+    """softmax(q kᵀ · scale + bias, masked) v with the full score matrix, NumPy style.
+
+    q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); Hq a multiple of
+    Hkv (grouped heads share K/V).  ``blocked`` is True where a score is
+    masked out (broadcastable to (B, 1, 1, Lq, Lk)) or None; ``bias`` a float
+    array (1, Hq, Lq, Lk) or None.
+    """
+    B, Hq, Lq, D = q.shape
+    out = naive_probabilities(q, k, scale, blocked, np, bias=bias) @ v[:, :, None]
     return out.reshape(B, Hq, Lq, v.shape[-1])
+
+
+def naive_attention_backward(p, out, q, k, v, grad, scale, np):
+    """dq, dk, dv of naive_attention from the forward's probabilities p (from
+    naive_probabilities) and output, every matrix materialised, NumPy style."""
+    B, Hq, Lq, D = q.shape
+    Hkv = k.shape[1]
+    shape5 = (B, Hkv, Hq // Hkv, Lq)
+    q5 = q.reshape(shape5 + (D,))
+    g5 = grad.reshape(shape5 + (grad.shape[-1],))
+    ds = g5 @ np.swapaxes(v, -1, -2)[:, :, None]
+    ds -= np.sum(g5 * out.reshape(g5.shape), axis=-1, keepdims=True)
+    ds *= p
+    ds *= ds.dtype.type(scale)
+    dq = (ds @ k[:, :, None]).reshape(q.shape)
+    dk = (np.swapaxes(ds, -1, -2) @ q5).sum(axis=2)
+    dv = (np.swapaxes(p, -1, -2) @ g5).sum(axis=2)
+    return dq, dk, dv
 
 
 def _blocked(allowed):
@@ -292,6 +344,8 @@ def check_against_float64(case, inputs, out, np):
         return float(np.max(np.abs(np.asarray(out[:64], dtype=np.float64) - ref)))
     Lq = case["Lq"]
     rows = np.arange(Lq) if Lq <= 96 else np.unique(np.r_[0:32, Lq - 32:Lq, np.linspace(0, Lq - 1, 32).astype(int)])
+    if case.get("backward"):
+        return _check_dq_against_float64(case, inputs, out[0], rows, np)
     group = case["Hq"] // case["Hkv"]
     worst = 0.0
     for b, h in {(0, 0), (case["B"] - 1, case["Hq"] - 1)}:
@@ -303,6 +357,25 @@ def check_against_float64(case, inputs, out, np):
                               bias=alibi_bias(case, inputs, np, rows=rows, heads=[h]))
         got = np.asarray(out[b, h, rows], dtype=np.float64)
         worst = max(worst, float(np.max(np.abs(got - ref[0, 0]))))
+    return worst
+
+
+def _check_dq_against_float64(case, inputs, dq, rows, np):
+    """Largest |dq - exact| over the rows of check_against_float64: a row's dq
+    depends on that row alone (its probabilities, output and gradient), so a
+    slice of rows against all keys is exact (dk and dv would need every row)."""
+    group = case["Hq"] // case["Hkv"]
+    scale = 1.0 / math.sqrt(case["D"])
+    worst = 0.0
+    for b, h in {(0, 0), (case["B"] - 1, case["Hq"] - 1)}:
+        q = inputs["q"][b:b + 1, h:h + 1, rows].astype(np.float64)
+        k = inputs["k"][b:b + 1, h // group:h // group + 1].astype(np.float64)
+        v = inputs["v"][b:b + 1, h // group:h // group + 1].astype(np.float64)
+        g = inputs["grad"][b:b + 1, h:h + 1, rows].astype(np.float64)
+        p = naive_probabilities(q, k, scale, _blocked(allowed_mask(case, inputs, np, rows=rows, batch=b)), np,
+                                bias=alibi_bias(case, inputs, np, rows=rows, heads=[h]))
+        ref = naive_attention_backward(p, p @ v[:, :, None], q, k, v, g, scale, np)[0]
+        worst = max(worst, float(np.max(np.abs(np.asarray(dq[b, h, rows], dtype=np.float64) - ref[0, 0]))))
     return worst
 
 
@@ -323,6 +396,14 @@ def _fastattn_runner(case, inputs, threads, np):
         return (lambda: fastattn.softmax(x, axis=-1, num_threads=threads)), info
     kw = dict(fastattn_kwargs(case, inputs), num_threads=threads)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    if case.get("backward") == "fwd+bwd":
+        def step():
+            out, lse = fastattn.attention(q, k, v, return_lse=True, **kw)
+            return fastattn.attention_backward(inputs["grad"], q, k, v, out, lse, **kw)
+        return step, info
+    if case.get("backward"):
+        out, lse = fastattn.attention(q, k, v, return_lse=True, **kw)
+        return (lambda: fastattn.attention_backward(inputs["grad"], q, k, v, out, lse, **kw)), info
     return (lambda: fastattn.attention(q, k, v, **kw)), info
 
 
@@ -362,6 +443,19 @@ def _torch_runner(case, inputs, threads, np):
         kw["attn_mask"] = torch.from_numpy(alibi_bias(case, inputs, np))
     else:
         kw["is_causal"] = case["causal"]
+    if case.get("backward"):
+        # the gradients of the forward's graph, kept for every call (retain_graph):
+        # "bwd" times torch.autograd.grad alone, "fwd+bwd" the forward too
+        torch.set_grad_enabled(True)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        grad = torch.from_numpy(inputs["grad"])
+
+        def backward(out):
+            return tuple(t.numpy() for t in torch.autograd.grad(out, (q, k, v), grad, retain_graph=True))
+        if case["backward"] == "fwd+bwd":
+            return (lambda: backward(F.scaled_dot_product_attention(q, k, v, **kw))), info
+        out = F.scaled_dot_product_attention(q, k, v, **kw)
+        return (lambda: backward(out)), info
     return (lambda: F.scaled_dot_product_attention(q, k, v, **kw).numpy()), info
 
 
@@ -373,6 +467,14 @@ def _numpy_runner(case, inputs, threads, np):
     bias = alibi_bias(case, inputs, np)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     scale = 1.0 / math.sqrt(case["D"])
+    if case.get("backward"):
+        def forward():
+            p = naive_probabilities(q, k, scale, blocked, np, bias=bias)
+            return p, p @ v[:, :, None]
+        if case["backward"] == "fwd+bwd":
+            return (lambda: naive_attention_backward(*forward(), q, k, v, inputs["grad"], scale, np)), info
+        p, out = forward()
+        return (lambda: naive_attention_backward(p, out, q, k, v, inputs["grad"], scale, np)), info
     return (lambda: naive_attention(q, k, v, scale, blocked, np, bias=bias)), info
 
 
@@ -447,7 +549,8 @@ def measure_extra_memory(case, lib, threads, np):
     before = _status_kib("VmRSS")
     out = fn()
     peak = _status_kib("VmHWM")
-    return max(0, (peak - before) * 1024 - np.asarray(out).nbytes)
+    results = out if isinstance(out, tuple) else (out,)       # the backward's: dq, dk, dv
+    return max(0, (peak - before) * 1024 - sum(np.asarray(r).nbytes for r in results))
 
 
 def measure_ceilings(threads, min_time, np):

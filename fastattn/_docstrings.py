@@ -402,3 +402,77 @@ Attention over 10 keys, computed as two parts of 6 and 4 keys and merged:
 >>> print(np.allclose(out, whole), np.allclose(lse, whole_lse))
 True True
 """
+
+ATTENTION_BACKWARD = """Compute the gradients of :func:`attention` with respect to q, k, v (and bias).
+
+The FlashAttention-2 backward: the probabilities are recomputed from the
+forward's ``lse`` tile by tile (nothing of size Lq x Lk is stored), the work
+is spread over blocks of keys, so one long head fills every core, and the
+result is bit-identical for any ``num_threads``.
+
+Parameters
+----------
+grad_out : array_like, shape (..., Hq, Lq, Dv)
+    Gradient of the loss with respect to ``out``; the shape and dtype of ``out``.
+q, k, v : array_like
+    The forward's inputs, as given to :func:`attention`.
+out, lse : array_like
+    The forward's results: ``out, lse = attention(q, k, v, ..., return_lse=True)``
+    with the same options.
+scale, causal, mask, bias, window, kv_lengths, softcap, alibi_slopes : optional
+    The options of the forward call, with their meaning there.  softcap's
+    ``tanh`` enters the chain rule; masks, ``kv_lengths`` and ALiBi slopes
+    take no gradient.
+return_dbias : bool, optional
+    Also return the gradient of ``bias`` (which must then be given).
+num_threads : int, optional
+    Threads for this call (default: :func:`fastattn.get_num_threads`).
+
+Returns
+-------
+dq, dk, dv : ndarray
+    In the shapes of q, k, v and their dtypes (integer inputs: the output's
+    dtype).  Gradients of broadcast batch dims are summed back to the input's
+    shape; with grouped heads (GQA/MQA) dk and dv sum over the query heads of
+    their group.
+dbias : ndarray
+    Only with ``return_dbias=True``: in bias's shape, summed over the dims
+    along which bias was broadcast.
+
+Raises
+------
+ValueError
+    Shapes that attention() rejects, ``grad_out``, ``out`` or ``lse`` of another
+    shape than attention() returns, ``return_dbias`` without a bias, invalid
+    options.
+TypeError
+    Non-numeric inputs, ``grad_out``, ``out`` or ``lse`` of another dtype than
+    attention() returns, options of the wrong type.
+
+See Also
+--------
+attention : The forward.
+fastattn.reference.attention_backward : The float64 specification.
+fastattn.integrations.torch.attention : The same gradients through torch's autograd.
+
+Notes
+-----
+A (query, key) pair whose score is -inf -- invisible under causal, window,
+mask or kv_lengths, or given a -inf bias -- contributes nothing to any
+gradient, even when its key, value, query or output-gradient row holds inf
+or NaN; a query row that sees no key gets zero gradients.  NaN and inf
+elsewhere propagate.  Inputs broadcast along a batch dim (shared keys, say)
+have their gradient computed in the broadcast shape and then summed, which
+takes a temporary of that shape; a broadcast bias is summed inside the
+kernel.  ``fastattn.reference.attention_backward`` is the specification.
+
+Examples
+--------
+>>> import numpy as np, fastattn
+>>> rng = np.random.default_rng(0)
+>>> q, k, v = (rng.standard_normal((1, 2, 16, 8), dtype=np.float32) for _ in range(3))
+>>> out, lse = fastattn.attention(q, k, v, causal=True, return_lse=True)
+>>> dq, dk, dv = fastattn.attention_backward(np.ones_like(out), q, k, v, out, lse, causal=True)
+>>> dq.shape, dk.dtype
+((1, 2, 16, 8), dtype('float32'))
+"""

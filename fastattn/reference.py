@@ -606,3 +606,228 @@ def merge_attention(outs, lses):
         out = np.sum(wts[..., None] * O, axis=0)
     out = np.where(empty[..., None], 0.0, out)
     return out, lse
+
+
+# --------------------------------------------------------------------------- backward
+__all__ += ["attention_backward"]
+
+
+def _sum_to_shape(x, shape):
+    """Sum ``x`` over the dims that were broadcast from ``shape`` (NumPy rules)."""
+    lead = x.ndim - len(shape)
+    if lead:
+        x = x.sum(axis=tuple(range(lead)))
+    axes = tuple(d for d, n in enumerate(shape) if n == 1 and x.shape[d] != 1)
+    if axes:
+        x = x.sum(axis=axes, keepdims=True)
+    return x.reshape(shape)
+
+
+def _live_matmul(w, x, live):
+    """``sum_j w[..., i, j] * x[..., j, :]`` over the live pairs ``(i, j)`` only.
+
+    A plain matmul multiplies the zero weights of dead pairs by the entries of
+    ``x`` too, and ``0 * inf`` is NaN: an inf or NaN in a masked-out key, value,
+    query or output-gradient row must not reach any gradient."""
+    finite = np.isfinite(x)
+    if finite.all():
+        return np.matmul(w, x)
+    res = np.matmul(w, np.where(finite, x, 0.0))
+    bad = np.where(finite, 0.0, x)
+    return res + np.where(live[..., None], w[..., None] * bad[..., None, :, :], 0.0).sum(-2)
+
+
+def _check_grad_operand(x, name, shape):
+    a = _as_f64(x, name)
+    if a.shape != tuple(shape):
+        raise ValueError(f"{name} has shape {a.shape}, expected {tuple(shape)} (the shape "
+                         f"attention() gives for these q, k, v)")
+    return a
+
+
+def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False, mask=None,
+                       bias=None, window=None, kv_lengths=None, softcap=None,
+                       alibi_slopes=None, return_dbias=False):
+    """Compute the gradients of :func:`attention` (reference, float64, materialised scores).
+
+    ``out, lse = attention(q, k, v, ..., return_lse=True)`` with the same options;
+    ``grad_out`` is the gradient of the loss with respect to ``out`` (its shape).
+    Like the kernels, this recomputes the probabilities from ``lse`` and the row
+    terms from ``out``::
+
+        s   = scores as in attention() (softcap, bias, ALiBi, then -inf where invisible)
+        P   = exp(s - lse)                       0 where s is -inf
+        D   = rowsum(grad_out * out)
+        dS  = P * (grad_out @ v^T - D)           0 where s is -inf
+        dbias = dS                               summed over bias's broadcast dims
+        dS *= 1 - tanh(scale q k^T / softcap)^2  (softcap only)
+        dq  = scale * dS @ k,  dk = scale * dS^T @ q,  dv = P^T @ grad_out
+
+    A pair whose score is -inf (invisible, or a -inf bias) contributes nothing to
+    any gradient, even when its key, value, query or output-gradient row holds
+    inf or NaN; a row with no visible key (lse -inf) gets zero gradients.  NaN
+    and inf elsewhere propagate by IEEE arithmetic.  ALiBi slopes, masks and
+    kv_lengths take no gradient.  Gradients of broadcast batch dims are summed
+    back to each input's shape, grouped query heads (GQA/MQA) are summed into
+    their key/value head.
+
+    Parameters
+    ----------
+    grad_out : array_like, shape (..., Lq, Dv)
+        Gradient of the loss with respect to ``out``.
+    q : array_like, shape (..., Lq, Dk)
+        The forward's queries.
+    k : array_like, shape (..., Lk, Dk)
+        The forward's keys.
+    v : array_like, shape (..., Lk, Dv)
+        The forward's values.
+    out : array_like, shape (..., Lq, Dv)
+        The forward's output.
+    lse : array_like, shape (..., Lq)
+        The forward's log-sum-exp.
+    scale, causal, mask, bias, window, kv_lengths, softcap, alibi_slopes : optional
+        The forward call's options, meaning what they mean for :func:`attention`.
+    return_dbias : bool, optional
+        Also return the gradient of ``bias``.
+
+    Returns
+    -------
+    dq, dk, dv : ndarray of float64
+        In the shapes of q, k, v.
+    dbias : ndarray of float64
+        Only with ``return_dbias=True``: in bias's shape.
+
+    Raises
+    ------
+    TypeError
+        As :func:`attention`, and ``return_dbias`` that is not a bool.
+    ValueError
+        As :func:`attention`, ``grad_out`` / ``out`` / ``lse`` of the wrong shape,
+        and ``return_dbias`` without a bias.
+
+    See Also
+    --------
+    fastattn.attention_backward : The compiled implementation.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> q = k = v = np.eye(3)[None]                       # (1, 3, 3)
+    >>> out, lse = reference.attention(q, k, v, return_lse=True)
+    >>> dq, dk, dv = reference.attention_backward(np.ones_like(out), q, k, v, out, lse)
+    >>> dv.shape, float(np.round(dv.sum(), 6))              # each row's weights sum to 1
+    ((1, 3, 3), 9.0)
+    """
+    q = _as_f64(q, "q")
+    k = _as_f64(k, "k")
+    v = _as_f64(v, "v")
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if a.ndim < 2:
+            raise ValueError(f"{name} must be at least 2-D (..., L, D), got shape {a.shape}")
+    Lq, Dk = q.shape[-2:]
+    Lk, Dk2 = k.shape[-2:]
+    Lv, Dv = v.shape[-2:]
+    if Dk2 != Dk:
+        raise ValueError(f"q and k must have the same head dimension Dk (last axis): "
+                         f"q.shape={q.shape}, k.shape={k.shape}")
+    if Lv != Lk:
+        raise ValueError(f"k and v must have the same number of keys Lk (axis -2): "
+                         f"k.shape={k.shape}, v.shape={v.shape}")
+    if return_dbias and bias is None:
+        raise ValueError("return_dbias=True needs a bias")
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+
+    # grouped-query / multi-query heads, as in attention()
+    g = 1
+    if q.ndim >= 3 and k.ndim >= 3 and v.ndim >= 3:
+        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+        if hk == hv and hk > 0 and hq != hk and hq % hk == 0:
+            g = hq // hk
+            k = np.repeat(k, g, axis=-3)
+            v = np.repeat(v, g, axis=-3)
+    try:
+        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except ValueError:
+        raise ValueError(f"batch dimensions of q, k, v are not broadcastable: "
+                         f"q.shape={q_shape}, k.shape={k_shape}, v.shape={v_shape}") from None
+    full = batch + (Lq, Lk)
+    grad_out = _check_grad_operand(grad_out, "grad_out", batch + (Lq, Dv))
+    out = _check_grad_operand(out, "out", batch + (Lq, Dv))
+    lse = _check_grad_operand(lse, "lse", batch + (Lq,))
+
+    scale = _check_scale(scale, Dk)
+    mode = _check_causal(causal)
+    left, right = _check_window(window)
+    softcap = _check_softcap(softcap)
+    bias_shape = None
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.dtype != np.bool_:
+            raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {mask.dtype}")
+        mask = _broadcast_arg(mask, full, "mask", "(..., Lq, Lk) =")
+    if bias is not None:
+        bias = _as_f64(bias, "bias")
+        bias_shape = bias.shape
+        bias = _broadcast_arg(bias, full, "bias", "(..., Lq, Lk) =")
+    if kv_lengths is not None:
+        lens = np.asarray(kv_lengths)
+        if lens.dtype.kind not in "iu":
+            raise TypeError(f"kv_lengths must be an integer array, got dtype {lens.dtype}")
+        lens = _broadcast_arg(lens, batch, "kv_lengths", "the batch dims")
+        if lens.size and (lens.min() < 0 or lens.max() > Lk):
+            raise ValueError(f"kv_lengths must satisfy 0 <= length <= Lk={Lk}; got values in "
+                             f"[{lens.min()}, {lens.max()}]")
+        lk_eff = lens.astype(np.int64)[..., None, None]
+    else:
+        lk_eff = np.full(batch + (1, 1), Lk, dtype=np.int64)
+    if alibi_slopes is not None:
+        slopes = _as_f64(alibi_slopes, "alibi_slopes")
+        slopes = _broadcast_arg(slopes, batch, "alibi_slopes", "the batch dims")[..., None, None]
+
+    i = np.arange(Lq, dtype=np.int64)[:, None]
+    j = np.arange(Lk, dtype=np.int64)[None, :]
+    pos = i + lk_eff - Lq if mode == "bottom_right" else np.broadcast_to(i, batch + (Lq, 1))
+    visible = np.broadcast_to(j < lk_eff, full)
+    if mode is not None:
+        visible = visible & (j <= pos)
+    if left is not None:
+        visible = visible & (j >= pos - left)
+    if right is not None:
+        visible = visible & (j <= pos + right)
+    if mask is not None:
+        visible = visible & mask
+    visible = np.broadcast_to(visible, full)
+
+    with np.errstate(all="ignore"):
+        s = scale * np.matmul(q, np.swapaxes(k, -1, -2))
+        s = np.array(np.broadcast_to(s, full), dtype=np.float64)
+        if softcap is not None:
+            t = np.tanh(s / softcap)
+            s = softcap * t
+        if bias is not None:
+            s = s + bias
+        if alibi_slopes is not None:
+            s = s - slopes * np.abs(pos - j).astype(np.float64)
+        s = np.where(visible, s, -np.inf)
+        live = s != -np.inf
+        lse_eff = np.where(lse == -np.inf, np.inf, lse)[..., None]
+        p = np.where(live, np.exp(s - lse_eff), 0.0)
+        dp = np.matmul(grad_out, np.swapaxes(v, -1, -2))
+        d = np.sum(grad_out * out, axis=-1)[..., None]
+        ds = np.where(live, p * (dp - d), 0.0)
+        dbias = ds
+        if softcap is not None:
+            ds = ds * (1.0 - t * t)
+        live_t = np.swapaxes(live, -1, -2)
+        dv = _live_matmul(np.swapaxes(p, -1, -2), grad_out, live_t)
+        dk = scale * _live_matmul(np.swapaxes(ds, -1, -2), q, live_t)
+        dq = scale * _live_matmul(ds, k, live)
+
+    if g > 1:   # the query heads of a group share their key/value head
+        dk = dk.reshape(dk.shape[:-3] + (-1, g) + dk.shape[-2:]).sum(axis=-3)
+        dv = dv.reshape(dv.shape[:-3] + (-1, g) + dv.shape[-2:]).sum(axis=-3)
+    res = (_sum_to_shape(dq, q_shape), _sum_to_shape(dk, k_shape), _sum_to_shape(dv, v_shape))
+    if return_dbias:
+        res += (_sum_to_shape(dbias, bias_shape),)
+    return res

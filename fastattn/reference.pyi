@@ -8,7 +8,7 @@ _F64 = NDArray[np.float64]
 _Causal = bool | Literal["top_left", "bottom_right"] | None
 _Window = None | int | tuple[int | None, int | None]
 
-__all__ = ["softmax", "log_softmax", "attention", "merge_attention"]
+__all__ = ["softmax", "log_softmax", "attention", "merge_attention", "attention_backward"]
 
 def softmax(x: ArrayLike, axis: int | None = ...) -> _F64: ...
 def log_softmax(x: ArrayLike, axis: int | None = ...) -> _F64: ...
@@ -108,3 +108,41 @@ def attention(
     return_lse: bool = ...,
 ) -> _F64 | tuple[_F64, ...]: ...
 def merge_attention(outs: Sequence[ArrayLike], lses: Sequence[ArrayLike]) -> tuple[_F64, _F64]: ...
+@overload
+def attention_backward(
+    grad_out: ArrayLike,
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    out: ArrayLike,
+    lse: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_dbias: Literal[False] = ...,
+) -> tuple[_F64, _F64, _F64]: ...
+@overload
+def attention_backward(
+    grad_out: ArrayLike,
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    out: ArrayLike,
+    lse: ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    mask: ArrayLike | None = ...,
+    bias: ArrayLike | None = ...,
+    window: _Window = ...,
+    kv_lengths: ArrayLike | None = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_dbias: Literal[True],
+) -> tuple[_F64, _F64, _F64, _F64]: ...

@@ -23,6 +23,7 @@ PUBLIC = {
     "fastattn.log_softmax": (fastattn.log_softmax, ("Parameters", "Raises")),
     "fastattn.merge_attention": (fastattn.merge_attention, ("Parameters", "Raises")),
     "fastattn.scaled_dot_product_attention": (fastattn.scaled_dot_product_attention, ("Parameters", "Raises")),
+    "fastattn.attention_backward": (fastattn.attention_backward, ("Parameters", "Raises")),
     "fastattn.set_num_threads": (fastattn.set_num_threads, ("Parameters", "Raises")),
     "fastattn.get_num_threads": (fastattn.get_num_threads, ()),
     "fastattn.threads": (fastattn.threads, ("Parameters", "Raises")),
@@ -31,6 +32,7 @@ PUBLIC = {
     "fastattn.reference.softmax": (reference.softmax, ("Parameters", "Raises")),
     "fastattn.reference.log_softmax": (reference.log_softmax, ("Parameters", "Raises")),
     "fastattn.reference.merge_attention": (reference.merge_attention, ("Parameters", "Raises")),
+    "fastattn.reference.attention_backward": (reference.attention_backward, ("Parameters", "Raises")),
 }
 
 SECTION = re.compile(r"^(\w[\w ]*)\n-{3,}$", re.M)

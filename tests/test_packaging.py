@@ -84,8 +84,8 @@ def _stub_params(func_name: str) -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("name", ["attention", "softmax", "log_softmax", "merge_attention",
-                                  "set_num_threads", "threads", "show_config"])
+@pytest.mark.parametrize("name", ["attention", "attention_backward", "softmax", "log_softmax",
+                                  "merge_attention", "set_num_threads", "threads", "show_config"])
 def test_stub_parameters_match_runtime(name):
     import fastattn
 

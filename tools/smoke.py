@@ -177,6 +177,24 @@ def main():
     full, lse = R.attention(q, k, v, return_lse=True)
     close("merge/out", mo, full, np.float64)
     close("merge/lse", ml, lse, np.float64)
+    # the backward: every option, grouped heads, a shared dbias, one long head (key groups)
+    for dt in (np.float32, np.float64):
+        for shapes, kw in ((((2, 4, 33, 8), (2, 2, 50, 8), (2, 2, 50, 5)),
+                            dict(causal="bottom_right", softcap=2.0, window=(20, 1),
+                                 mask=rng.random((33, 50)) < 0.8, bias=rng.standard_normal((4, 33, 50)),
+                                 alibi_slopes=np.full(4, 0.2),
+                                 kv_lengths=np.array([[40, 50, 3, 0], [50, 1, 50, 49]]))),
+                           (((1, 1, 300, 16), (1, 1, 400, 16), (1, 1, 400, 16)), dict(causal=True))):
+            q, k, v = (rng.standard_normal(sh).astype(dt) for sh in shapes)
+            if "bias" in kw:
+                kw["bias"] = kw["bias"].astype(dt)
+            out, lse = fastattn.attention(q, k, v, return_lse=True, **kw)
+            g = rng.standard_normal(out.shape).astype(dt)
+            got = fastattn.attention_backward(g, q, k, v, out, lse, return_dbias="bias" in kw, **kw)
+            o6, l6 = R.attention(q, k, v, return_lse=True, **kw)
+            ref = R.attention_backward(g, q, k, v, o6, l6, return_dbias="bias" in kw, **kw)
+            for name, a, b in zip(("dq", "dk", "dv", "dbias"), got, ref):
+                close(f"backward/{name}/{np.dtype(dt).name}/{len(kw)}", a, b, np.dtype(dt))
     # thread control
     with fastattn.threads(2):
         check_attention("threads_ctx", q, k, v)

@@ -140,7 +140,8 @@ def _attention_with_grad(q, k, v, options):
     return_weights = bool(options.pop("return_weights", False))
     return_lse = bool(options.pop("return_lse", False))
     bias = options.pop("bias", None)
-    fixed = {name: _tensor_to_array(value, name) for name, value in options.items()}
+    # options left at None are the defaults: only the ones given must be the backward's
+    fixed = {name: _tensor_to_array(value, name) for name, value in options.items() if value is not None}
     unknown = sorted(set(fixed) - set(_BACKWARD_OPTIONS))
     if unknown:
         raise TypeError(f"attention() got an unexpected keyword argument {unknown[0]!r} (or one that "

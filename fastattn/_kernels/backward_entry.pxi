@@ -1,0 +1,116 @@
+# attention_backward(): the public entry point of the gradients.  The same
+# argument path as attention() (arguments.pxi: shapes, batch layout and grouped
+# heads, every option), then the forward's results grad_out / out / lse checked
+# against what attention() returns, the gradient buffers, the kernel
+# (backward.pxi), and the sums over broadcast dims.  Its docstring is
+# fastattn._docstrings.ATTENTION_BACKWARD.
+
+cdef object forward_result(x, str name, int nd, const cnp.npy_intp *shape, int typenum, int ctype):
+    """grad_out / out / lse: exactly the shape and dtype attention() returns for
+    these inputs; in the compute type."""
+    cdef cnp.ndarray a = as_input(x, name)
+    cdef int d
+    cdef bint same = a.ndim == nd
+    if same:
+        for d in range(nd):
+            same = same and a.shape[d] == shape[d]
+    if not same:
+        raise ValueError(f"{name} has shape {(<object>a).shape}, expected {tuple(shape[d] for d in range(nd))} "
+                         f"(what attention() returns for these q, k, v)")
+    if cnp.PyArray_TYPE(a) != typenum:
+        raise TypeError(f"{name} has dtype {a.dtype}, expected {dtype_of(typenum)} (what attention() returns "
+                        f"for these q, k, v)")
+    return to_compute(a, ctype)
+
+
+cdef object sum_to_shape(cnp.ndarray x, tuple shape):
+    """x summed over the dims that were broadcast from shape (NumPy rules)."""
+    cdef int lead = x.ndim - len(shape)
+    if lead:
+        x = x.sum(axis=tuple(range(lead)))
+    axes = tuple(d for d, n in enumerate(shape) if n == 1 and x.shape[d] != 1)
+    if axes:
+        x = x.sum(axis=axes, keepdims=True)
+    return x.reshape(shape)
+
+
+cdef object finish_gradient(cnp.ndarray grad, cnp.ndarray like, int otype):
+    """A gradient in its input's shape (summed over broadcast dims) and dtype (an
+    integer or boolean input's: the output dtype)."""
+    shape = (<object>like).shape
+    if (<object>grad).shape != shape:
+        grad = sum_to_shape(grad, shape)
+    dt = like.dtype if like.dtype.kind == "f" or store_of(like) == STORE_BF16 else dtype_of(otype)
+    return grad if grad.dtype == dt else grad.astype(dt)
+
+
+def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False, mask=None, bias=None,
+                       window=None, kv_lengths=None, softcap=None, alibi_slopes=None, return_dbias=False,
+                       num_threads=None):
+    cdef BwdPlan B
+    cdef cnp.ndarray qa, ka, va, q0, k0, v0, dq, dk, dv
+    cdef cnp.ndarray ma = None, ba = None, kvt = None, slt = None, dbias = None, bias_in = None
+    cdef int ctype, otype, nbq, d
+    cdef cnp.npy_intp dims[MAXDIM + 2]
+    cdef cnp.npy_intp kvdims[MAXDIM + 2]
+    if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(mask)
+            and plain(bias)):
+        _foreign_attention(q, k, v, dict(mask=mask, bias=bias))      # masked arrays: refused
+    qa = as_input(q, "q")
+    ka = as_input(k, "k")
+    va = as_input(v, "v")
+    check_qkv_shapes(qa, ka, va)
+    check_num_threads(num_threads)
+    ctype = compute_type(qa, ka, va, &otype)
+    q0, k0, v0 = qa, ka, va
+    B.P.Lq = qa.shape[qa.ndim - 2]
+    B.P.Lk = ka.shape[ka.ndim - 2]
+    B.P.Dk = qa.shape[qa.ndim - 1]
+    B.P.Dv = va.shape[va.ndim - 1]
+    batch_layout(&B.P, qa, ka, va, dims, &nbq)
+    parse_scalar_options(&B.P, scale, causal, window, softcap)
+    B.softcap = B.P.softcap         # the backward applies softcap itself (its derivative)
+    B.P.softcap = 0
+    if not isinstance(return_dbias, (bool, np.bool_)):
+        raise TypeError(f"return_dbias must be True or False, got {return_dbias!r}")
+    if return_dbias and bias is None:
+        raise ValueError("return_dbias=True needs a bias")
+    if mask is not None:
+        ma = score_operand(mask, "mask", dims, nbq, B.P.Lq, B.P.Lk, cnp.NPY_BOOL)
+    if bias is not None:
+        bias_in = as_input(bias, "bias")
+        ba = to_compute(score_operand(bias_in, "bias", dims, nbq, B.P.Lq, B.P.Lk, ctype), ctype)
+    if kv_lengths is not None:
+        kvt = kv_lengths_table(kv_lengths, dims, nbq, B.P.Lk)
+    if alibi_slopes is not None:
+        slt = batch_table(as_input(alibi_slopes, "alibi_slopes"), "alibi_slopes", dims, nbq, ctype)
+
+    dims[nbq] = B.P.Lq
+    dims[nbq + 1] = B.P.Dv
+    dout = forward_result(grad_out, "grad_out", nbq + 2, dims, otype, ctype)
+    outc = forward_result(out, "out", nbq + 2, dims, otype, ctype)
+    lsec = forward_result(lse, "lse", nbq + 1, dims, ctype, ctype)
+    # the gradients in the broadcast batch shape (the inputs' own when nothing is
+    # broadcast): dq over the query heads, dk / dv over the key/value heads
+    for d in range(nbq):
+        kvdims[d] = B.P.bshape[d]
+    dims[nbq + 1] = B.P.Dk
+    kvdims[nbq] = B.P.Lk
+    kvdims[nbq + 1] = B.P.Dk
+    empty = B.P.Lq == 0 or any(B.P.bshape[d] == 0 for d in range(nbq))
+    dq = cnp.PyArray_ZEROS(nbq + 2, dims, ctype, 0) if empty else cnp.PyArray_EMPTY(nbq + 2, dims, ctype, 0)
+    dk = cnp.PyArray_ZEROS(nbq + 2, kvdims, ctype, 0) if empty else cnp.PyArray_EMPTY(nbq + 2, kvdims, ctype, 0)
+    kvdims[nbq + 1] = B.P.Dv
+    dv = cnp.PyArray_ZEROS(nbq + 2, kvdims, ctype, 0) if empty else cnp.PyArray_EMPTY(nbq + 2, kvdims, ctype, 0)
+    if return_dbias:
+        dbias = np.zeros((<object>ba).shape, dtype=dtype_of(ctype))
+    if not empty:
+        # the backward reads the compute type (half-precision inputs: a float32 copy)
+        qa = to_compute(qa, ctype)
+        ka = to_compute(ka, ctype)
+        va = to_compute(va, ctype)
+        backward_execute(&B, dout, qa, ka, va, outc, lsec, dq, dk, dv, dbias, ma, ba, kvt, slt, num_threads)
+    res = (finish_gradient(dq, q0, otype), finish_gradient(dk, k0, otype), finish_gradient(dv, v0, otype))
+    if return_dbias:
+        res += (finish_gradient(dbias, bias_in, otype),)
+    return res
