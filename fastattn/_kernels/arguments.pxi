@@ -181,7 +181,7 @@ cdef int parse_window(window, int64_t *wl, int64_t *wr) except -1:
     return 0
 
 
-cdef int parse_scalar_options(Plan *P, scale, causal, window, softcap) except -1:
+cdef inline int parse_scalar_options(Plan *P, scale, causal, window, softcap) except -1:
     """causal, window, scale and softcap into the plan (P.Dk set)."""
     P.causal = causal_code(causal)
     parse_window(window, &P.wl, &P.wr)

@@ -4,7 +4,7 @@
 # (arguments.pxi), allocates the outputs, runs the plan (driver.pxi) and returns
 # the results in the output dtype.  Its docstring is fastattn._docstrings.ATTENTION.
 
-cdef int check_qkv_shapes(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v) except -1:
+cdef inline int check_qkv_shapes(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v) except -1:
     """At least 2-D; q and k share Dk, k and v share Lk."""
     if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
         for name, a in (("q", q), ("k", k), ("v", v)):

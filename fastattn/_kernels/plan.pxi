@@ -105,14 +105,10 @@ cdef inline int64_t batch_offset(const Plan *P, const Operand *op, int64_t b) no
 cdef int _bfloat16_num = -1      # the type number of ml_dtypes.bfloat16, once seen
 
 
-cdef int store_of(cnp.ndarray a) noexcept:
-    """The storage type of a's elements (-1: none the kernels read in place)."""
+cdef int store_of_other(cnp.ndarray a) noexcept:
+    """store_of for everything but float32 / float64."""
     global _bfloat16_num
     cdef int t = cnp.PyArray_TYPE(a)
-    if t == cnp.NPY_FLOAT:
-        return STORE_F32
-    if t == cnp.NPY_DOUBLE:
-        return STORE_F64
     if t == cnp.NPY_FLOAT16:
         return STORE_F16
     if t == cnp.NPY_INT8:
@@ -123,6 +119,16 @@ cdef int store_of(cnp.ndarray a) noexcept:
         _bfloat16_num = t
         return STORE_BF16
     return -1
+
+
+cdef inline int store_of(cnp.ndarray a) noexcept:
+    """The storage type of a's elements (-1: none the kernels read in place)."""
+    cdef int t = cnp.PyArray_TYPE(a)
+    if t == cnp.NPY_FLOAT:
+        return STORE_F32
+    if t == cnp.NPY_DOUBLE:
+        return STORE_F64
+    return store_of_other(a)
 
 
 cdef inline const char *stored_at(const Operand *op, int64_t off) noexcept nogil:
