@@ -41,7 +41,7 @@ def _load_harness():
 
 
 H = _load_harness()
-CASES = H.STANDARD_CASES + H.EXTRA_CASES + H.BACKWARD_CASES
+CASES = H.STANDARD_CASES + H.EXTRA_CASES + H.STORAGE_CASES + H.BACKWARD_CASES
 CASE_IDS = [c["id"] for c in CASES]
 
 
@@ -78,6 +78,8 @@ def libraries_for(case, skip_numpy):
 def numpy_skip_reason(case, args):
     if case["kind"] != "attention":
         return None
+    if case.get("kv_dtype"):
+        return "numpy skipped: a storage-type case (the naive baseline has no such cache)"
     if args.skip_slow_numpy and case.get("slow_numpy"):
         return "numpy skipped (--skip-slow-numpy)"
     need = 2 * H.numpy_scores_bytes(case)
@@ -303,6 +305,19 @@ def print_report(results, ceil, rows, out=None):
             ratio = H._median([q["one"] / q["many"] for q in pairs])
             p(f"\nThread scaling, {what}: 1 thread {H.fmt_time(one)}, {results['threads']} threads "
               f"{H.fmt_time(many)}: {ratio:.2f}× (median of {len(pairs)} alternating pairs)")
+    twins = [r for r in rows if r["case"].get("twin")]
+    if twins:
+        by_id = {r["id"]: r for r in rows}
+        p("\nStorage types against fastattn's own float32 on the same shape (bandwidth counted in "
+          "stored bytes):\n")
+        p("| case | stored as | fastattn | float32 twin | twin / case | GB/s stored | % read bw |")
+        p("|---|---|---:|---:|---:|---:|---:|")
+        for r in twins:
+            twin = by_id.get(r["case"]["twin"])
+            fa, tw = r["t"].get("fastattn"), twin["t"].get("fastattn") if twin else None
+            p(f"| {r['id']} | {r['case'].get('kv_dtype')} | {_time_cell(r, 'fastattn', avail)} | "
+              f"{H.fmt_time(tw) if tw else '—'} | {_fmt(tw / fa if tw and fa else None, '.2f', '×')} | "
+              f"{_fmt(r.get('gbs'), '.1f')} | {_fmt(r.get('pct_bw'), '.0f', '%')} |")
     mem_rows = [r for r in rows if r["case"].get("memory")]
     if mem_rows:
         p("\nPeak memory beyond inputs and output (one call, VmHWM after a reset):\n")

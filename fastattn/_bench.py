@@ -109,6 +109,28 @@ EXTRA_CASES = [
        note="ALiBi slopes 2^-1 .. 2^-8 (BLOOM, MPT); torch: the same biases as a float attn_mask"),
 ]
 
+# KV caches stored in half precision or int8 (``kv_dtype``; q in ``q_dtype``,
+# default the case's dtype): fastattn reads them in place; torch gets the same
+# dtype for q, k, v (for int8: the dequantize-then-SDPA a torch user writes).
+# ``twin``: the float32 case of the same shape, fastattn's own baseline.
+STORAGE_CASES = [
+    _A("decode-8k", 1, 32, 1, 8192, 128, decode=True, extra=True,
+       note="float32 twin of the storage decode cases"),
+    _A("decode-f16", 1, 32, 1, 8192, 128, decode=True, extra=True, kv_dtype="float16", q_dtype="float16",
+       twin="decode-8k"),
+    _A("decode-bf16", 1, 32, 1, 8192, 128, decode=True, extra=True, kv_dtype="bfloat16", q_dtype="bfloat16",
+       twin="decode-8k"),
+    _A("decode-int8", 1, 32, 1, 8192, 128, decode=True, extra=True, kv_dtype="int8", twin="decode-8k",
+       note="int8 k, v with per-key scales; torch: k.float() * k_scale, then SDPA"),
+    _A("gqa-decode-f32", 1, 32, 1, 8192, 128, Hkv=8, decode=True, extra=True,
+       note="float32 twin of gqa-decode-bf16"),
+    _A("gqa-decode-bf16", 1, 32, 1, 8192, 128, Hkv=8, decode=True, extra=True, kv_dtype="bfloat16",
+       q_dtype="bfloat16", twin="gqa-decode-f32"),
+    _A("prefill-f16", 1, 8, 1024, 1024, 64, extra=True, kv_dtype="float16", q_dtype="float16", twin="prefill"),
+    _A("prefill-bf16", 1, 8, 1024, 1024, 64, extra=True, kv_dtype="bfloat16", q_dtype="bfloat16",
+       twin="prefill"),
+]
+
 # The backward: attention_backward against torch's scaled_dot_product_attention
 # backward.  "bwd" times one backward (the forward ran once, when the runner was
 # set up: its out and lse, torch's graph); "fwd+bwd" a forward and a backward.
@@ -197,9 +219,17 @@ def attention_flops(case):
     return _BACKWARD_FLOPS[case.get("backward")] * 2 * (case["D"] + case["Dv"]) * case["Hq"] * visible_pairs(case)
 
 
+def _numpy_dtype(name, np):
+    """A dtype by name; bfloat16 from ml_dtypes (imported only for it)."""
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
 def kv_bytes(case):
-    """Bytes of K and V that must be read once (valid keys only)."""
-    itemsize = 8 if case["dtype"] == "float64" else 4
+    """Bytes of K and V that must be read once (valid keys only), in their stored type."""
+    itemsize = {"float64": 8, "float16": 2, "bfloat16": 2, "int8": 1}.get(case.get("kv_dtype") or case["dtype"], 4)
     keys = sum(case["kv_lengths"]) if case["kv_lengths"] else case["B"] * case["Lk"]
     return keys * case["Hkv"] * (case["D"] + case["Dv"]) * itemsize
 
@@ -226,6 +256,18 @@ def make_inputs(case, np):
     k = rng.standard_normal((B, Hkv, case["Lk"], case["D"]), dtype=np.float32).astype(dt)
     v = rng.standard_normal((B, Hkv, case["Lk"], case["Dv"]), dtype=np.float32).astype(dt)
     inputs = {"q": q, "k": k, "v": v}
+    if case.get("q_dtype"):
+        inputs["q"] = q.astype(_numpy_dtype(case["q_dtype"], np))
+    if case.get("kv_dtype") == "int8":
+        # per-key symmetric quantisation: x = round(x / s) * s, s = max|x| / 127
+        for name in "kv":
+            x = inputs[name]
+            s = np.maximum(np.abs(x).max(axis=-1, keepdims=True), 1e-30) / 127
+            inputs[name] = np.clip(np.rint(x / s), -127, 127).astype(np.int8)
+            inputs[name + "_scale"] = s.astype(np.float32)
+    elif case.get("kv_dtype"):
+        kv_dt = _numpy_dtype(case["kv_dtype"], np)
+        inputs["k"], inputs["v"] = k.astype(kv_dt), v.astype(kv_dt)
     if case["mask"] == "random":
         m = rng.random((case["Lq"], case["Lk"])) < 0.5
         idx = np.arange(min(case["Lq"], case["Lk"]))
@@ -352,6 +394,9 @@ def check_against_float64(case, inputs, out, np):
         q = inputs["q"][b:b + 1, h:h + 1, rows].astype(np.float64)
         k = inputs["k"][b:b + 1, h // group:h // group + 1].astype(np.float64)
         v = inputs["v"][b:b + 1, h // group:h // group + 1].astype(np.float64)
+        if "k_scale" in inputs:
+            k = k * inputs["k_scale"][b:b + 1, h // group:h // group + 1]
+            v = v * inputs["v_scale"][b:b + 1, h // group:h // group + 1]
         ref = naive_attention(q, k, v, 1.0 / math.sqrt(case["D"]),
                               _blocked(allowed_mask(case, inputs, np, rows=rows, batch=b)), np,
                               bias=alibi_bias(case, inputs, np, rows=rows, heads=[h]))
@@ -371,6 +416,9 @@ def _check_dq_against_float64(case, inputs, dq, rows, np):
         q = inputs["q"][b:b + 1, h:h + 1, rows].astype(np.float64)
         k = inputs["k"][b:b + 1, h // group:h // group + 1].astype(np.float64)
         v = inputs["v"][b:b + 1, h // group:h // group + 1].astype(np.float64)
+        if "k_scale" in inputs:
+            k = k * inputs["k_scale"][b:b + 1, h // group:h // group + 1]
+            v = v * inputs["v_scale"][b:b + 1, h // group:h // group + 1]
         g = inputs["grad"][b:b + 1, h:h + 1, rows].astype(np.float64)
         p = naive_probabilities(q, k, scale, _blocked(allowed_mask(case, inputs, np, rows=rows, batch=b)), np,
                                 bias=alibi_bias(case, inputs, np, rows=rows, heads=[h]))
@@ -418,6 +466,8 @@ def fastattn_kwargs(case, inputs):
         kw["kv_lengths"] = inputs["kv_lengths"]
     if case.get("alibi"):
         kw["alibi_slopes"] = inputs["alibi_slopes"]
+    if "k_scale" in inputs:
+        kw["k_scale"], kw["v_scale"] = inputs["k_scale"], inputs["v_scale"]
     return kw
 
 
@@ -431,7 +481,14 @@ def _torch_runner(case, inputs, threads, np):
         x = torch.from_numpy(inputs["x"])
         return (lambda: torch.softmax(x, dim=-1).numpy()), info
     # 4-D (B, H, L, D): 3-D input silently takes torch's slow "math" path.
-    q, k, v = (torch.from_numpy(inputs[n]) for n in "qkv")
+    kv_dtype = case.get("kv_dtype")
+    if kv_dtype in ("float16", "bfloat16"):
+        # the same dtype for q, k and v (torch requires it); bfloat16 through an int16 view
+        tdt = getattr(torch, kv_dtype)
+        q, k, v = (torch.from_numpy(inputs[n].view(np.int16)).view(tdt) if kv_dtype == "bfloat16"
+                   else torch.from_numpy(inputs[n]).to(tdt) for n in "qkv")
+    else:
+        q, k, v = (torch.from_numpy(inputs[n]) for n in "qkv")
     kw = {}
     if case["Hq"] != case["Hkv"]:
         kw["enable_gqa"] = True
@@ -456,6 +513,12 @@ def _torch_runner(case, inputs, threads, np):
             return (lambda: backward(F.scaled_dot_product_attention(q, k, v, **kw))), info
         out = F.scaled_dot_product_attention(q, k, v, **kw)
         return (lambda: backward(out)), info
+    if kv_dtype == "int8":
+        # what a torch user writes for an int8 cache: dequantize, then attention
+        ks, vs = torch.from_numpy(inputs["k_scale"]), torch.from_numpy(inputs["v_scale"])
+        return (lambda: F.scaled_dot_product_attention(q, k.float() * ks, v.float() * vs, **kw).numpy()), info
+    if kv_dtype:
+        return (lambda: F.scaled_dot_product_attention(q, k, v, **kw).float().numpy()), info
     return (lambda: F.scaled_dot_product_attention(q, k, v, **kw).numpy()), info
 
 
