@@ -113,6 +113,27 @@ def test_all_half_inputs_give_half_outputs_rounded_once(half, rng):
         np.testing.assert_array_equal(out, exact.astype(half))          # one rounding
 
 
+@pytest.mark.parametrize("half", HALVES, ids=["float16", "bfloat16"])
+def test_half_outputs_written_by_the_kernels(half, rng):
+    """Half results are narrowed by the kernels, each element once: decode with
+    split key ranges (merged, then rounded), the query-vectorised layout,
+    strided and preallocated out= arrays of the half dtype, empty rows -- the
+    same bits as the float32 result rounded by NumPy."""
+    for qs, ks in (((1, 4, 1, 64), (1, 4, 3000, 64)), ((1, 2, 3, 32), (1, 2, 2500, 32)),
+                   ((1, 2, 70, 64), (1, 2, 200, 64)), ((2, 3, 5, 16), (2, 3, 40, 16))):
+        q, k, v = (rng.standard_normal(s).astype(half) for s in (qs, ks, ks))
+        lengths = np.array([0] + [ks[-2] - 7] * (qs[1] - 1))        # a head that sees nothing
+        want = fastattn.attention(q.astype(np.float32), k, v, kv_lengths=lengths).astype(half)
+        np.testing.assert_array_equal(fastattn.attention(q, k, v, kv_lengths=lengths), want)
+        out = np.full(qs, np.nan, half)
+        assert fastattn.attention(q, k, v, kv_lengths=lengths, out=out) is out
+        np.testing.assert_array_equal(out, want)
+        buf = np.zeros(qs[:-2] + (qs[-1], qs[-2]), half)
+        strided = buf.swapaxes(-1, -2)                                   # columns of out
+        fastattn.attention(q, k, v, kv_lengths=lengths, out=strided)
+        np.testing.assert_array_equal(strided, want)
+
+
 def test_output_dtypes_follow_result_type(rng):
     """np.result_type of q, k, v: float32 with a half type gives float32; float16
     with bfloat16 gives float32; int8 k, v with a float16 q give float16."""

@@ -26,7 +26,7 @@ cdef object finish_outputs(out, cnp.ndarray res, cnp.ndarray wts, cnp.ndarray ls
         if res is not out:
             out[...] = res
         res = <cnp.ndarray>out
-    elif otype != ctype:
+    elif cnp.PyArray_TYPE(res) != otype:
         res = res.astype(dtype_of(otype))
     if wts is None and lse is None:
         return res
@@ -90,10 +90,13 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     dims[nbq + 1] = P.Dv
     if out is not None:
         check_out(out, nbq + 2, dims, otype, (("q", qa), ("k", ka), ("v", va), ("mask", ma), ("bias", ba)), "out")
-    if out is not None and otype == ctype and behaved_array(<cnp.ndarray>out):
+    # float16 / bfloat16 results are written by the kernels themselves, each element
+    # rounded once: no float32 temporary
+    half_out = otype != ctype and ctype == cnp.NPY_FLOAT
+    if out is not None and (otype == ctype or half_out) and behaved_array(<cnp.ndarray>out):
         res = <cnp.ndarray>out
     else:
-        res = cnp.PyArray_EMPTY(nbq + 2, dims, ctype, 0)
+        res = cnp.PyArray_EMPTY(nbq + 2, dims, otype if half_out else ctype, 0)
     if return_weights:
         dims[nbq + 1] = P.Lk
         wts = cnp.PyArray_EMPTY(nbq + 2, dims, ctype, 0)
@@ -117,6 +120,6 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         plan_scale(&P, &P.vs, v_scale, vkind)
         P.vscale = vkind
     plan_run(&P, ctype, num_threads)
-    if out is None and otype == ctype and wts is None and lse is None:
+    if out is None and cnp.PyArray_TYPE(res) == otype and wts is None and lse is None:
         return res
     return finish_outputs(out, res, wts, lse, ctype, otype)

@@ -171,5 +171,14 @@ cdef extern from "simd.h" nogil:
     void fa_widen_scale_row_f(const float *x, float *y, int64_t n, float a)
     void fa_add_row_f(float *x, const float *b, int64_t n)
     void fa_add_row_d(double *x, const double *b, int64_t n)
+    # stores of outputs: the native types and the half-precision ones (narrowed once)
+    void fa_qvec_store_rows_fh(const float *ot, int64_t ldo, int64_t nr, int64_t Dv, const float *inv,
+                                 uint16_t *o, int64_t sor)
+    void fa_store_scaled_row_fh(const float *x, uint16_t *y, int64_t n, float a)
+    uint16_t fa_narrow_s_fh(float x)
+    void fa_qvec_store_rows_fb(const float *ot, int64_t ldo, int64_t nr, int64_t Dv, const float *inv,
+                                 uint16_t *o, int64_t sor)
+    void fa_store_scaled_row_fb(const float *x, uint16_t *y, int64_t n, float a)
+    uint16_t fa_narrow_s_fb(float x)
 
 ISA = FA_ISA.decode()

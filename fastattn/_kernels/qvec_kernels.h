@@ -406,31 +406,5 @@ static inline void FA_SFX(fa_qvec_weights_chunk)(FA_T *st, int64_t lds, int64_t 
     }
 }
 
-/* Output rows of the query-vectorised path: o[i * sor + c] = Ot[c][i] * inv[i]
- * for i < nr, c < Dv (output elements contiguous).  Whole W x W blocks go
- * through registers (W contiguous loads, a transpose, W contiguous stores)
- * instead of W*W strided scalar reads. */
-static inline void FA_SFX(fa_qvec_store_rows)(const FA_T *ot, int64_t ldo, int64_t nr, int64_t Dv,
-                                        const FA_T *inv, FA_T *o, int64_t sor)
-{
-    int64_t i0 = 0;
-#if FA_HAVE_SHUFFLE
-    for (; i0 + FA_W <= nr; i0 += FA_W) {
-        int64_t c0 = 0;
-        for (; c0 + FA_W <= Dv; c0 += FA_W) {
-            FA_V r[FA_W];
-            FA_UNROLL for (int k = 0; k < FA_W; k++) r[k] = FA_SFX(fa_load)(ot + (c0 + k) * ldo + i0);
-            FA_SFX(fa_transpose)(r);
-            FA_UNROLL for (int i = 0; i < FA_W; i++)
-                FA_SFX(fa_store)(o + (i0 + i) * sor + c0, r[i] * inv[i0 + i]);
-        }
-        for (int64_t i = i0; i < i0 + FA_W; i++)
-            for (int64_t c = c0; c < Dv; c++) o[i * sor + c] = ot[c * ldo + i] * inv[i];
-    }
-#endif
-    for (int64_t i = i0; i < nr; i++)
-        for (int64_t c = 0; c < Dv; c++) o[i * sor + c] = ot[c * ldo + i] * inv[i];
-}
-
 #undef FA_QVEC_TAILS
 #undef FA_QVEC_BY_WIDTH

@@ -425,8 +425,8 @@ cdef void qvec_unit_finish(const Plan *P, Workspace *ws, const QvecUnit *U, floa
     cdef floating *m = <floating *>ws.mt
     cdef floating *l = <floating *>ws.lt
     cdef floating *lof = <floating *>ws.lof
-    cdef floating *obase = (<floating *>P.o.base) + batch_offset(P, &P.o, U.b)
-    cdef floating *orow
+    cdef char *obase = <char *>stored_at(&P.o, batch_offset(P, &P.o, U.b))
+    cdef char *orow
     cdef floating inv, lse_i
     if U.mode == MODE_STATS:
         for i in range(nr):
@@ -455,24 +455,25 @@ cdef void qvec_unit_finish(const Plan *P, Workspace *ws, const QvecUnit *U, floa
         for i in range(nr):
             lof[i] = 1 / l[i] if l[i] > 0 or l[i] != l[i] else 0
         grp = ws.goff[0]
-        qvec_store_rows(ot, ld, nr, Dv, lof, obase + grp * P.o.sg + (U.r0 - grp * P.Lq) * P.o.sr, P.o.sr)
+        stored_qvec_store_rows(P.o.store, ot, ld, nr, Dv, lof,
+                               obase + (grp * P.o.sg + (U.r0 - grp * P.Lq) * P.o.sr) * P.o.item, P.o.sr)
         for i in range(nr):
             if not (l[i] > 0 or l[i] != l[i]):
-                orow = obase + grp * P.o.sg + (U.r0 + i - grp * P.Lq) * P.o.sr
+                orow = obase + (grp * P.o.sg + (U.r0 + i - grp * P.Lq) * P.o.sr) * P.o.item
                 for c in range(Dv):
-                    orow[c] = 0
+                    stored_set(P.o.store, orow, c, 0)
     else:
         for i in range(nr):
             grp = ws.goff[i]
             pos = U.r0 + i - grp * P.Lq
-            orow = obase + grp * P.o.sg + pos * P.o.sr
+            orow = obase + (grp * P.o.sg + pos * P.o.sr) * P.o.item
             if l[i] > 0 or l[i] != l[i]:
                 inv = 1 / l[i]
                 for c in range(Dv):
-                    orow[c * P.o.sc] = ot[c * ld + i] * inv
+                    stored_set(P.o.store, orow, c * P.o.sc, ot[c * ld + i] * inv)
             else:
                 for c in range(Dv):
-                    orow[c * P.o.sc] = 0
+                    stored_set(P.o.store, orow, c * P.o.sc, 0)
     if P.want_lse:
         for i in range(nr):
             grp = ws.goff[i]

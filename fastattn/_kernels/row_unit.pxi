@@ -337,7 +337,7 @@ cdef void row_unit_finish(const Plan *P, const Workspace *ws, const RowUnit *U, 
     cdef const double *l = ws.l
     cdef int64_t i, c, grp, pos, Dv = P.Dv, dvp = U.dvp, soff
     cdef floating lse_i, inv
-    cdef floating *orow
+    cdef char *orow
     for i in range(U.nr):
         grp = ws.goff[i]
         pos = U.r0 + i - grp * P.Lq
@@ -355,22 +355,22 @@ cdef void row_unit_finish(const Plan *P, const Workspace *ws, const RowUnit *U, 
             for c in range(Dv):
                 part_o[i * Dv + c] = o[i * dvp + c]
             continue
-        orow = (<floating *>P.o.base) + batch_offset(P, &P.o, U.b) + grp * P.o.sg + pos * P.o.sr
+        orow = <char *>stored_at(&P.o, batch_offset(P, &P.o, U.b) + grp * P.o.sg + pos * P.o.sr)
         if U.mode == MODE_WEIGHTS:
             for c in range(Dv):
-                orow[c * P.o.sc] = o[i * dvp + c]
+                stored_set(P.o.store, orow, c * P.o.sc, o[i * dvp + c])
             lse_i = stats[i]
         elif l[i] > 0 or l[i] != l[i]:
             inv = <floating>(1.0 / l[i])
             if P.o.sc == 1:
-                row_scale(o + i * dvp, orow, Dv, inv)
+                stored_scale_row_out(P.o.store, o + i * dvp, orow, Dv, inv)
             else:
                 for c in range(Dv):
-                    orow[c * P.o.sc] = o[i * dvp + c] * inv
+                    stored_set(P.o.store, orow, c * P.o.sc, o[i * dvp + c] * inv)
             lse_i = <floating>(m[i] + log(l[i])) if P.want_lse else 0
         else:
             for c in range(Dv):
-                orow[c * P.o.sc] = 0
+                stored_set(P.o.store, orow, c * P.o.sc, 0)
             lse_i = -INFINITY
         if P.want_lse:
             (<floating *>P.lse.base)[batch_offset(P, &P.lse, U.b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i

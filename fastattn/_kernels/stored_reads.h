@@ -424,3 +424,42 @@ static inline void FA_SSFX(fa_add_row)(FA_T *x, const FA_S *b, int64_t n)
     for (; j + FA_W <= n; j += FA_W) FA_SFX(fa_store)(x + j, FA_SFX(fa_load)(x + j) + FA_SSFX(fa_load_s)(b + j));
     for (; j < n; j++) x[j] += FA_SSFX(fa_scalar_s)(b[j]);
 }
+
+/* ---------------- stores of outputs (the native and half-precision types) */
+#if !FA_S_I8
+/* Output rows of the query-vectorised path: o[i * sor + c] = Ot[c][i] * inv[i]
+ * for i < nr, c < Dv (output elements contiguous), stored as FA_S (a half
+ * output rounded once, here).  Whole W x W blocks go
+ * through registers (W contiguous loads, a transpose, W contiguous stores)
+ * instead of W*W strided scalar reads. */
+static inline void FA_SSFX(fa_qvec_store_rows)(const FA_T *ot, int64_t ldo, int64_t nr, int64_t Dv,
+                                              const FA_T *inv, FA_S *o, int64_t sor)
+{
+    int64_t i0 = 0;
+#if FA_HAVE_SHUFFLE
+    for (; i0 + FA_W <= nr; i0 += FA_W) {
+        int64_t c0 = 0;
+        for (; c0 + FA_W <= Dv; c0 += FA_W) {
+            FA_V r[FA_W];
+            FA_UNROLL for (int k = 0; k < FA_W; k++) r[k] = FA_SFX(fa_load)(ot + (c0 + k) * ldo + i0);
+            FA_SFX(fa_transpose)(r);
+            FA_UNROLL for (int i = 0; i < FA_W; i++)
+                FA_SSFX(fa_store_s)(o + (i0 + i) * sor + c0, r[i] * inv[i0 + i]);
+        }
+        for (int64_t i = i0; i < i0 + FA_W; i++)
+            for (int64_t c = c0; c < Dv; c++) o[i * sor + c] = FA_SSFX(fa_narrow_s)(ot[c * ldo + i] * inv[i]);
+    }
+#endif
+    for (int64_t i = i0; i < nr; i++)
+        for (int64_t c = 0; c < Dv; c++) o[i * sor + c] = FA_SSFX(fa_narrow_s)(ot[c * ldo + i] * inv[i]);
+}
+
+/* y[j] = x[j] * a stored as FA_S: an output row (for the native type the same
+ * operations as fa_row_scale) */
+static inline void FA_SSFX(fa_store_scaled_row)(const FA_T *x, FA_S *y, int64_t n, FA_T a)
+{
+    int64_t j = 0;
+    for (; j + FA_W <= n; j += FA_W) FA_SSFX(fa_store_s)(y + j, FA_SFX(fa_load)(x + j) * a);
+    for (; j < n; j++) y[j] = FA_SSFX(fa_narrow_s)(x[j] * a);
+}
+#endif

@@ -261,3 +261,44 @@ cdef inline void stored_qvec_bias(int store, floating *st, int64_t lds, int64_t 
         fa_qvec_bias_fb(st, lds, j0, j1, <const uint16_t *const *>brows, ni)
     else:
         fa_qvec_bias_fi8(st, lds, j0, j1, <const int8_t *const *>brows, ni)
+
+
+# ---------------------------------------------------------------- stores of outputs
+# Outputs are written in the compute type or, for float16 / bfloat16 results,
+# narrowed here: each output element rounded once (STORE_F16 / STORE_BF16).
+
+cdef inline void stored_set(int store, char *p, int64_t i, double x) noexcept nogil:
+    """Element i of the output at p = x (a value of the compute type), in its storage type."""
+    if store == STORE_F32:
+        (<float *>p)[i] = <float>x
+    elif store == STORE_F64:
+        (<double *>p)[i] = x
+    elif store == STORE_F16:
+        (<uint16_t *>p)[i] = fa_narrow_s_fh(<float>x)
+    else:
+        (<uint16_t *>p)[i] = fa_narrow_s_fb(<float>x)
+
+
+cdef inline void stored_scale_row_out(int store, const floating *x, char *y, int64_t n, floating a) noexcept nogil:
+    """y[j] = x[j] * a, y an output row of its storage type (elements contiguous)."""
+    if floating is double:
+        fa_row_scale_d(x, <double *>y, n, a)
+    elif store == STORE_F32:
+        fa_row_scale_f(x, <float *>y, n, a)
+    elif store == STORE_F16:
+        fa_store_scaled_row_fh(x, <uint16_t *>y, n, a)
+    else:
+        fa_store_scaled_row_fb(x, <uint16_t *>y, n, a)
+
+
+cdef inline void stored_qvec_store_rows(int store, const floating *ot, int64_t ldo, int64_t nr, int64_t Dv,
+                                        const floating *inv, char *o, int64_t sor) noexcept nogil:
+    """The query-vectorised unit's output rows o[i * sor + c] = Ot[c][i] * inv[i]."""
+    if floating is double:
+        fa_qvec_store_rows_d(ot, ldo, nr, Dv, inv, <double *>o, sor)
+    elif store == STORE_F32:
+        fa_qvec_store_rows_f(ot, ldo, nr, Dv, inv, <float *>o, sor)
+    elif store == STORE_F16:
+        fa_qvec_store_rows_fh(ot, ldo, nr, Dv, inv, <uint16_t *>o, sor)
+    else:
+        fa_qvec_store_rows_fb(ot, ldo, nr, Dv, inv, <uint16_t *>o, sor)

@@ -31,6 +31,16 @@ static inline FA_T FA_SSFX(fa_scalar_s)(FA_S x)
 {
     return x;
 }
+
+static inline void FA_SSFX(fa_store_s)(FA_S *p, FA_V x)
+{
+    FA_SFX(fa_store)(p, x);
+}
+
+static inline FA_S FA_SSFX(fa_narrow_s)(FA_T x)
+{
+    return x;
+}
 #else
 
 #if FA_S_F16
@@ -120,6 +130,69 @@ static inline FA_V FA_SSFX(fa_load_part_s)(const FA_S *p, int64_t n, FA_T fill)
     return FA_SFX(fa_load)(t);
 #endif
 }
+#if FA_S_F16
+/* float32 -> IEEE half, rounded to nearest even (overflow to inf, subnormals,
+ * NaN kept quiet): F16C where the ISA has it, else the same rounding in software */
+static inline uint16_t FA_SSFX(fa_narrow_s)(float f)
+{
+#if defined(__F16C__)
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u)                                   /* inf, NaN */
+        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* >= 65520: rounds to inf */
+    if (ax >= 0x38800000u) {                                 /* normal half */
+        const uint32_t r = ax + 0x0fffu + ((ax >> 13) & 1u);
+        return (uint16_t)(sign | ((r >> 13) - (112u << 10)));
+    }
+    if (ax < 0x33000000u) return (uint16_t)sign;             /* < 2^-25: rounds to 0 */
+    const uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, s = 126 - e;   /* 14 <= s <= 24 */
+    uint32_t q = m >> s;
+    const uint32_t rem = m & ((1u << s) - 1), half = 1u << (s - 1);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+#endif
+}
+
+static inline void FA_SSFX(fa_store_s)(uint16_t *p, FA_V x)
+{
+#if FA_VBYTES == 64 && defined(__AVX512F__)
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)x, _MM_FROUND_TO_NEAREST_INT));
+#elif FA_VBYTES == 32 && defined(__F16C__)
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph((__m256)x, _MM_FROUND_TO_NEAREST_INT));
+#else
+    for (int i = 0; i < FA_W; i++) p[i] = FA_SSFX(fa_narrow_s)(x[i]);
+#endif
+}
+#elif FA_S_BF16
+/* float32 -> bfloat16, rounded to nearest even (NaN kept, made quiet) */
+static inline uint16_t FA_SSFX(fa_narrow_s)(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+static inline void FA_SSFX(fa_store_s)(uint16_t *p, FA_V x)
+{
+    typedef uint32_t fa_u32v __attribute__((vector_size(FA_VBYTES)));
+    const fa_u32v u = (fa_u32v)x;
+    const fa_u32v r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const fa_u32v qnan = (u >> 16) | 0x40u;
+    const fa_u32v isnan = (fa_u32v)((u & 0x7fffffffu) > 0x7f800000u);
+    const fa_u32v b = (r & ~isnan) | (qnan & isnan);
+#if FA_VBYTES == 64 && defined(__AVX512F__)
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16((__m512i)b));
+#else
+    for (int i = 0; i < FA_W; i++) p[i] = (uint16_t)b[i];
+#endif
+}
+#endif
+
 #endif /* FA_S_NATIVE */
 
 static inline void FA_SSFX(fa_prefetch_s)(const FA_S *p, int64_t n)
