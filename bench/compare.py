@@ -41,7 +41,7 @@ def _load_harness():
 
 
 H = _load_harness()
-CASES = H.STANDARD_CASES + H.EXTRA_CASES + H.STORAGE_CASES + H.BACKWARD_CASES
+CASES = H.STANDARD_CASES + H.EXTRA_CASES + H.STORAGE_CASES + H.ACCURACY_CASES + H.BACKWARD_CASES
 CASE_IDS = [c["id"] for c in CASES]
 
 
@@ -204,7 +204,8 @@ def summarize(results):
                "max_err": {lib: max((r["max_err"] for r in rs if r.get("max_err") is not None),
                                     default=None) for lib, rs in runs.items()},
                "extra_bytes": {lib: _median_of(rs, "extra_bytes") for lib, rs in runs.items()},
-               "numpy_skipped": entry["numpy_skipped"]}
+               "numpy_skipped": entry["numpy_skipped"],
+               "rms_err": {lib: _median_of(rs, "rms_err") for lib, rs in runs.items()}}
         row["paired"] = _paired_ratio(runs.get("torch"), runs.get("fastattn"))
         fa = t.get("fastattn")
         if case["kind"] == "attention":
@@ -305,6 +306,16 @@ def print_report(results, ceil, rows, out=None):
             ratio = H._median([q["one"] / q["many"] for q in pairs])
             p(f"\nThread scaling, {what}: 1 thread {H.fmt_time(one)}, {results['threads']} threads "
               f"{H.fmt_time(many)}: {ratio:.2f}× (median of {len(pairs)} alternating pairs)")
+    acc = [r for r in rows if r["rms_err"].get("fastattn") is not None and r["rms_err"].get("torch") is not None]
+    if acc:
+        p("\nAccuracy: relative RMS error against the float64 computation on the same inputs (a "
+          "slice of rows of two heads):\n")
+        p("| case | dtype | fastattn | torch | fastattn / torch |")
+        p("|---|---|---:|---:|---:|")
+        for r in acc:
+            fe, te = r["rms_err"]["fastattn"], r["rms_err"]["torch"]
+            p(f"| {r['id']} | {r['case'].get('kv_dtype') or r['case']['dtype']} | {fe:.2e} | {te:.2e} | "
+              f"{_fmt(fe / te if te else None, '.2f')} |")
     twins = [r for r in rows if r["case"].get("twin")]
     if twins:
         by_id = {r["id"]: r for r in rows}

@@ -131,6 +131,14 @@ STORAGE_CASES = [
        twin="prefill"),
 ]
 
+# float32 accuracy against torch on the same inputs (the accuracy table of compare.py)
+ACCURACY_CASES = [
+    _A("acc-1k", 1, 2, 1024, 1024, 64, extra=True, slow_numpy=True),
+    _A("acc-4k", 1, 2, 256, 4096, 64, extra=True, slow_numpy=True),
+    _A("acc-64k", 1, 2, 256, 65536, 64, extra=True, slow_numpy=True),
+    _A("acc-64k-d128", 1, 2, 64, 65536, 128, extra=True, slow_numpy=True),
+]
+
 # The backward: attention_backward against torch's scaled_dot_product_attention
 # backward.  "bwd" times one backward (the forward ran once, when the runner was
 # set up: its out and lse, torch's graph); "fwd+bwd" a forward and a backward.
@@ -369,6 +377,32 @@ def naive_attention_backward(p, out, q, k, v, grad, scale, np):
 def _blocked(allowed):
     """Turn a (B, 1, L, L) allowed mask into the 5-D blocked mask naive_attention wants."""
     return None if allowed is None else ~allowed[:, :, None]
+
+
+def rms_against_float64(case, inputs, out, np):
+    """Relative RMS error of a forward attention output against the float64
+    computation on the same (widened) inputs, over the slice of
+    check_against_float64; None for other kinds of case."""
+    if case["kind"] != "attention" or case.get("backward"):
+        return None
+    Lq = case["Lq"]
+    rows = np.arange(Lq) if Lq <= 96 else np.unique(np.r_[0:32, Lq - 32:Lq, np.linspace(0, Lq - 1, 32).astype(int)])
+    group = case["Hq"] // case["Hkv"]
+    num = den = 0.0
+    for b, h in {(0, 0), (case["B"] - 1, case["Hq"] - 1)}:
+        q = inputs["q"][b:b + 1, h:h + 1, rows].astype(np.float64)
+        k = inputs["k"][b:b + 1, h // group:h // group + 1].astype(np.float64)
+        v = inputs["v"][b:b + 1, h // group:h // group + 1].astype(np.float64)
+        if "k_scale" in inputs:
+            k = k * inputs["k_scale"][b:b + 1, h // group:h // group + 1]
+            v = v * inputs["v_scale"][b:b + 1, h // group:h // group + 1]
+        ref = naive_attention(q, k, v, 1.0 / math.sqrt(case["D"]),
+                              _blocked(allowed_mask(case, inputs, np, rows=rows, batch=b)), np,
+                              bias=alibi_bias(case, inputs, np, rows=rows, heads=[h]))[0, 0]
+        got = np.asarray(out[b, h, rows], dtype=np.float64)
+        num += float(np.sum((got - ref) ** 2))
+        den += float(np.sum(ref ** 2))
+    return math.sqrt(num / den) if den > 0 else None
 
 
 def check_against_float64(case, inputs, out, np):
@@ -658,7 +692,9 @@ def child_main(lib, case, threads, min_time, check):
     fn, info = RUNNERS[lib](case, inputs, threads, np)
     result.update(info)
     if check:
-        result["max_err"] = check_against_float64(case, inputs, fn(), np)
+        first = fn()
+        result["max_err"] = check_against_float64(case, inputs, first, np)
+        result["rms_err"] = rms_against_float64(case, inputs, first, np)
     result["samples"] = time_calls(fn, min_time)
     result["seconds"] = _median(result["samples"])
     return result

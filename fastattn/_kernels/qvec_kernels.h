@@ -122,7 +122,11 @@ static inline void FA_SFX(fa_qvec_qk_chunk)(const FA_T *k, int64_t ksr, int64_t 
 #undef FA_QVEC_QK_STRIDED
 }
 
-/* Ot[c][chunk] += sum_{j in [j0,j1)} V[j][c] * Pt[j][chunk] for the first mr (constant) columns. */
+/* Ot[c][chunk] += sum_{j in [j0,j1)} V[j][c] * Pt[j][chunk] for the first mr (constant) columns.
+ * Two-level sum: the tile's keys accumulate from zero, then add to Ot once, so
+ * an output's rounding error grows with the keys of a tile plus the number of
+ * tiles, not with the whole row (float32 error at Lk 65536 was 3x torch's with
+ * one running sum; a row of 2^31 equal terms saturated at 2^24 of them). */
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_qvec_pv_micro)(const FA_T *vv, int64_t vsr, int64_t vsc, const FA_T *restrict pt, int64_t lds,
                      int64_t j0, int64_t j1, FA_T *restrict ot, int64_t ldo, const int mr, const int nv)
@@ -131,7 +135,7 @@ FA_SFX(fa_qvec_pv_micro)(const FA_T *vv, int64_t vsr, int64_t vsc, const FA_T *r
     FA_UNROLL for (int r = 0; r < FA_QVEC_MRMAX; r++)
         if (r < mr)
             FA_UNROLL for (int v = 0; v < FA_QVEC_NV; v++)
-                if (v < nv) acc[r][v] = FA_SFX(fa_load)(ot + r * ldo + v * FA_W);
+                if (v < nv) acc[r][v] = FA_SFX(fa_set1)(0);
     for (int64_t j = j0; j < j1; j++) {
         FA_V b[FA_QVEC_NV];
         const FA_T *vrow = vv + j * vsr;
@@ -148,7 +152,7 @@ FA_SFX(fa_qvec_pv_micro)(const FA_T *vv, int64_t vsr, int64_t vsc, const FA_T *r
     FA_UNROLL for (int r = 0; r < FA_QVEC_MRMAX; r++)
         if (r < mr)
             FA_UNROLL for (int v = 0; v < FA_QVEC_NV; v++)
-                if (v < nv) FA_SFX(fa_store)(ot + r * ldo + v * FA_W, acc[r][v]);
+                if (v < nv) FA_SFX(fa_store)(ot + r * ldo + v * FA_W, FA_SFX(fa_load)(ot + r * ldo + v * FA_W) + acc[r][v]);
 }
 
 static inline __attribute__((always_inline)) void

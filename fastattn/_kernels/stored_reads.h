@@ -34,7 +34,8 @@ static inline void FA_SSFX(fa_pack_transposed)(const FA_S *q, const int64_t *qof
         for (int64_t i = i0; i < nr; i++) qt[d * ld + i] = FA_SSFX(fa_scalar_s)(q[qoff[i] + d]) * scale;
 }
 
-/* PV micro-kernel on mr (<= FA_PV_MR) rows and nv (<= FA_PV_NV) vectors of
+/* PV micro-kernel (two-level sums as fa_qvec_pv_micro: the keys of one call
+ * accumulate from zero, then add to O once) on mr (<= FA_PV_MR) rows and nv (<= FA_PV_NV) vectors of
  * columns, both compile-time constants after inlining:
  * O[0:mr, :nv*W] += P[0:mr, k0:k1] . V[k0:k1, :nv*W].  pfn > 0: the value rows
  * pf further on are requested, pfn elements each (V streamed from memory). */
@@ -46,7 +47,7 @@ FA_SSFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict v
     FA_V acc[FA_PV_MR][FA_PV_NV];
     FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
         FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
-            if (i < mr && v < nv) acc[i][v] = FA_SFX(fa_load)(o + i * ldo + v * FA_W);
+            if (i < mr && v < nv) acc[i][v] = FA_SFX(fa_set1)(0);
     for (int64_t k = k0; k < k1; k++) {
         FA_V b[FA_PV_NV];
         if (pfn) FA_SSFX(fa_prefetch_s)(vp + (k + pf) * ldv, pfn);
@@ -61,7 +62,7 @@ FA_SSFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict v
     }
     FA_UNROLL for (int i = 0; i < FA_PV_MR; i++)
         FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
-            if (i < mr && v < nv) FA_SFX(fa_store)(o + i * ldo + v * FA_W, acc[i][v]);
+            if (i < mr && v < nv) FA_SFX(fa_store)(o + i * ldo + v * FA_W, FA_SFX(fa_load)(o + i * ldo + v * FA_W) + acc[i][v]);
 }
 
 /* O[0:mr, 0:nvec*W] += P[0:mr, k0:k1] . V[k0:k1, 0:nvec*W] (mr a compile-time
@@ -273,7 +274,7 @@ static inline void FA_SSFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, 
 #endif
 }
 
-/* One pass over the keys [k0, k1) for NB (8, 4 or 1, a constant after
+/* One pass (its keys summed from zero, then added to O: two-level sums) over the keys [k0, k1) for NB (8, 4 or 1, a constant after
  * inlining) vectors of one output row: O[0:NB*W] += sum_k P[k] * V[k][0:NB*W],
  * V rows ldv apart, read in place, accumulated key by key.  With nk > 0 the
  * same loop also computes the single-row scores of the NEXT key tile,
@@ -289,7 +290,7 @@ FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, 
     const int64_t pfv = FA_SSFX(fa_pf_rows_s)(NB * FA_W), pfk = FA_SSFX(fa_pf_rows_s)(D);
     const int64_t nv = k1 > k0 ? k1 - k0 : 0, both = nk < nv ? nk : nv;
     FA_V a[8];
-    FA_UNROLL for (int u = 0; u < NB; u++) a[u] = FA_SFX(fa_load)(o + u * FA_W);
+    FA_UNROLL for (int u = 0; u < NB; u++) a[u] = FA_SFX(fa_set1)(0);
     int64_t i = 0;
     for (; i < both; i++) {
         const FA_V w = FA_SFX(fa_set1)(p[k0 + i]);
@@ -309,7 +310,7 @@ FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, 
         FA_SSFX(fa_prefetch_s)(kn + (i + pfk) * ksr, D);
         sn[i] = FA_SSFX(fa_dot)(qp, kn + i * ksr, D);
     }
-    FA_UNROLL for (int u = 0; u < NB; u++) FA_SFX(fa_store)(o + u * FA_W, a[u]);
+    FA_UNROLL for (int u = 0; u < NB; u++) FA_SFX(fa_store)(o + u * FA_W, FA_SFX(fa_load)(o + u * FA_W) + a[u]);
 }
 
 /* O[0][0:nvec*W] += sum_{k in [k0,k1)} P[0][k] * V[k][0:nvec*W] for one row (V
