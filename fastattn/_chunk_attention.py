@@ -4,7 +4,7 @@
 A chunk pair holds queries ``qs <= i < qs + lq`` and keys ``ks <= j < ks + lk`` of a
 problem with ``Lq`` queries and ``Lk`` keys.  Causal, window and ALiBi terms depend on
 the *global* distance ``p(i) - j``, with ``p(i) = i + c`` (``c = Lk_eff - Lq`` for
-``causal="bottom_right"``, else 0).  In the pair's local indices ``i' = i - qs``,
+``causal="bottom_right"`` or ``align="bottom_right"``, else 0).  In the pair's local indices ``i' = i - qs``,
 ``j' = j - ks`` that distance is ``i' - j' + delta`` with ``delta = qs - ks + c``, so
 one pair is an ordinary in-memory :func:`fastattn.attention` call with options shifted
 by ``delta``:
@@ -55,6 +55,11 @@ class PairOptions:
     weights: bool
     num_threads: Optional[int]
     cdt: np.dtype
+    bottom_right: bool = False      # p(i) = i + Lk_eff - Lq: align="bottom_right" (implied by causal)
+
+    def __post_init__(self):
+        if self.causal == "bottom_right":
+            object.__setattr__(self, "bottom_right", True)
 
 
 def task_threads(num_threads):
@@ -244,7 +249,7 @@ def pair_attention(q, k, v, mask, bias, lengths, slopes, qs, ks, opt):
         lengths = np.asarray(lengths, np.int64)
         check_lengths(lengths, opt.Lk)      # lazy kv_lengths are checked here, on the worker
         klim = np.clip(lengths - ks, 0, lk)
-    if opt.causal == "bottom_right":
+    if opt.bottom_right:
         c = (opt.Lk if lengths is None else lengths) - opt.Lq
     delta = qs - ks + c
     if np.ndim(delta) == 0 or np.all(delta == np.ravel(delta)[0]):

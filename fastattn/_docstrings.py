@@ -50,7 +50,19 @@ window : int or (int or None, int or None), optional
 kv_lengths : array_like of int, broadcastable to the batch dims, optional
     Number of valid keys per batch element (e.g. shape ``(B, 1)`` or
     ``(B, H)``): keys ``j >= kv_lengths[b]`` are invisible, whatever they hold.
-    Each length must lie in ``[0, Lk]``.
+    Each length must lie in ``[0, Lk]``.  A 1-D table with two or more batch
+    dims holds one value per sequence (the leading batch dim, flash-attn's
+    ``cache_seqlens``), never per head; per-head values take ``(1, H)``.
+kv_start : array_like of int, broadcastable to the batch dims, optional
+    First valid key per batch element (left padding): keys
+    ``j < kv_start[b]`` are invisible; the diagonal position ``p(i)`` does
+    not move.  Values in ``[0, Lk]``; 1-D tables as ``kv_lengths``.
+align : {"top_left", "bottom_right"}, optional
+    Where the diagonal position ``p(i)`` of windows and ALiBi sits:
+    ``i`` (default), or ``i + Lk_eff - Lq`` (flash-attn's alignment when
+    ``Lq != Lk``) without hiding any key by itself.  ``causal="bottom_right"``
+    implies it; ``causal=True`` with ``align="bottom_right"`` is
+    ``causal="bottom_right"``.
 softcap : float, optional
     Soft capping: each scaled score ``s`` becomes
     ``softcap * tanh(s / softcap)`` before the bias and masking.  Must be
@@ -419,7 +431,7 @@ q, k, v : array_like
 out, lse : array_like
     The forward's results: ``out, lse = attention(q, k, v, ..., return_lse=True)``
     with the same options.
-scale, causal, mask, bias, window, kv_lengths, softcap, alibi_slopes : optional
+scale, causal, mask, bias, window, kv_lengths, kv_start, align, softcap, alibi_slopes : optional
     The options of the forward call, with their meaning there.  softcap's
     ``tanh`` enters the chain rule; masks, ``kv_lengths`` and ALiBi slopes
     take no gradient.

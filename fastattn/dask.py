@@ -255,7 +255,7 @@ def _pair_visible(qs, qe, ks, ke, opt, lengths):
     if qe <= qs or ke <= ks:
         return False
     right = 0 if opt.causal else opt.right
-    br = opt.causal == "bottom_right"
+    br = opt.bottom_right
     if lengths is None:
         # top_left: a longer length only adds keys, so L = Lk decides.  bottom_right: the
         # conditions below hold for L >= ks + 1 and L >= ks - qe + 1 + Lq (d_min <= 0) and
@@ -312,9 +312,21 @@ def _scaled(x, scale, name, xname):
     return x.astype(np.float32) * scale
 
 
+def _start_mask(kv_start, bshape, Lk):
+    """kv_start as a boolean per-key mask (..., 1, Lk) of the batch dims (keys j <
+    kv_start invisible), lazy when kv_start is; a 1-D table is one value per
+    sequence (the leading batch dim), as in memory."""
+    ks = kv_start if isinstance(kv_start, da.Array) else np.asarray(kv_start)
+    if ks.ndim == 1 and len(bshape) >= 2 and ks.shape[0] not in (1,):
+        ks = ks.reshape((ks.shape[0],) + (1,) * (len(bshape) - 1))
+    keys = da.arange(Lk, chunks=Lk) if isinstance(ks, da.Array) else np.arange(Lk)
+    return keys >= ks[..., None, None]
+
+
 def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
-              kv_lengths=None, softcap=None, alibi_slopes=None, k_scale=None, v_scale=None,
-              return_weights=False, return_lse=False, out=None, num_threads=None, split_every=None):
+              kv_lengths=None, kv_start=None, align="top_left", softcap=None, alibi_slopes=None,
+              k_scale=None, v_scale=None, return_weights=False, return_lse=False, out=None,
+              num_threads=None, split_every=None):
     """:func:`fastattn.attention` on Dask arrays, as a lazy Dask array.
 
     Parameters
@@ -322,8 +334,9 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     q, k, v : dask or NumPy arrays, shapes (..., Lq, Dk), (..., Lk, Dk), (..., Lk, Dv)
         NumPy arrays are wrapped as one chunk.  Chunks along batch dims and queries
         are independent tasks; chunks along keys are merged by log-sum-exp.
-    scale, causal, mask, bias, window, kv_lengths, softcap, alibi_slopes
-        As :func:`fastattn.attention`.  mask / bias may be dask arrays (rechunked to
+    scale, causal, mask, bias, window, kv_lengths, kv_start, align, softcap, alibi_slopes
+        As :func:`fastattn.attention`.  kv_start is applied as a per-key mask (its
+        pairs are not pruned).  mask / bias may be dask arrays (rechunked to
         the query and key chunks); kv_lengths / alibi_slopes dask or NumPy arrays.
     k_scale, v_scale : dask or NumPy arrays, optional
         Scales of int8 ``k`` / ``v`` (as :func:`fastattn.attention`): each chunk
@@ -366,13 +379,21 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     v = _scaled(v, v_scale, "v_scale", "v")
     Lq, Dk = q.shape[-2:]
     Lk, Dv = v.shape[-2:]
-    options = dict(scale=scale, causal=causal, window=window, softcap=softcap,
+    options = dict(scale=scale, causal=causal, window=window, softcap=softcap, align=align,
                    return_weights=return_weights, num_threads=num_threads)
     lengths, slopes = _small(kv_lengths), _small(alibi_slopes)
     # batch dims first (in-memory order of checks): mask/bias shape errors name the score shape
     _validate(q, k, v, None, None, None, None, dict(options, return_weights=False))
     bshape = batch_shape(q, k, v)
     score_shape = tuple(bshape) + (Lq, Lk)
+    if kv_start is not None:
+        # the in-memory checks of kv_start on a stand-in, then a per-key mask
+        lazy = isinstance(kv_start, da.Array)
+        zeros = lambda shape: np.broadcast_to(np.zeros((), np.float32), shape)     # noqa: E731
+        _api.attention(zeros(q.shape[:-2] + (0, Dk)), zeros(k.shape[:-2] + (Lk, Dk)), zeros(v.shape[:-2] + (Lk, Dv)),
+                       kv_start=_stand_in(kv_start) if lazy else np.asarray(kv_start))
+        start = _start_mask(kv_start, bshape, Lk)
+        mask = start if mask is None else _as_dask(mask, "mask") & start
     if mask is not None:
         mask = _score_operand(mask, "mask", score_shape)
     if bias is not None:
@@ -380,8 +401,13 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     odt, cdt = _validate(q, k, v, mask, bias, lengths, slopes, options)
     split_every = _split_every(split_every)
     left, right = _window_sides(window)
-    opt = PairOptions(Lq=Lq, Lk=Lk, scale=scale, causal=_causal_mode(causal), left=left, right=right,
-                      softcap=softcap, weights=bool(return_weights), num_threads=num_threads, cdt=cdt)
+    causal_mode = _causal_mode(causal)
+    bottom_right = causal_mode == "bottom_right" or align == "bottom_right"
+    if bottom_right and causal_mode == "top_left":
+        causal_mode = "bottom_right"       # causal=True with align="bottom_right"
+    opt = PairOptions(Lq=Lq, Lk=Lk, scale=scale, causal=causal_mode, left=left, right=right,
+                      softcap=softcap, weights=bool(return_weights), num_threads=num_threads, cdt=cdt,
+                      bottom_right=bottom_right)
 
     # chunks: batch dims unified, D single chunks, keys of k and v unified
     g = head_groups(q.shape[:-2], k.shape[:-2], v.shape[:-2])

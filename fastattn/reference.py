@@ -279,6 +279,70 @@ def _broadcast_arg(a, shape, name, what):
 
 
 # --------------------------------------------------------------------------- attention
+def _check_align(align):
+    if align is None or align == "top_left":
+        return "top_left"
+    if isinstance(align, str):
+        if align == "bottom_right":
+            return align
+        raise ValueError(f"align must be 'top_left' or 'bottom_right', got {align!r}")
+    raise TypeError(f"align must be 'top_left' or 'bottom_right', got {align!r}")
+
+
+def _length_table(x, name, batch, Lk):
+    """kv_lengths / kv_start: integers broadcast to the batch dims, each in [0, Lk],
+    as a batch + (1, 1) int64 array.  A 1-D table with two or more batch dims is
+    one value per sequence -- per element of the leading batch dim -- never per head."""
+    lens = np.asarray(x)
+    if lens.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array, got dtype {lens.dtype}")
+    if lens.ndim == 1 and len(batch) >= 2 and lens.shape[0] != 1:
+        if lens.shape[0] != batch[0]:
+            raise ValueError(f"{name}: a 1-D table holds one value per sequence (the leading batch dim, "
+                             f"{batch[0]}), got {lens.shape[0]} values")
+        lens = lens.reshape((lens.shape[0],) + (1,) * (len(batch) - 1))
+    lens = _broadcast_arg(lens, batch, name, "the batch dims")
+    if lens.size and (lens.min() < 0 or lens.max() > Lk):
+        raise ValueError(f"{name} must satisfy 0 <= value <= Lk={Lk}; got values in "
+                         f"[{lens.min()}, {lens.max()}]")
+    return lens.astype(np.int64)[..., None, None]
+
+
+def _visibility(batch, Lq, Lk, causal, window, mask, kv_lengths, kv_start, align):
+    """Which keys each query sees, and its diagonal position: (visible of shape
+    batch + (Lq, Lk), pos of shape batch + (Lq, 1), j the key indices (1, Lk)).
+    p(i) = i, or i + Lk_eff - Lq when bottom-right aligned (causal="bottom_right",
+    or align="bottom_right"); keys j >= kv_lengths and j < kv_start are invisible."""
+    mode = _check_causal(causal)
+    bottom_right = mode == "bottom_right" or _check_align(align) == "bottom_right"
+    left, right = _check_window(window)
+    full = batch + (Lq, Lk)
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.dtype != np.bool_:
+            raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {mask.dtype}")
+        mask = _broadcast_arg(mask, full, "mask", "(..., Lq, Lk) =")
+    if kv_lengths is not None:
+        lk_eff = _length_table(kv_lengths, "kv_lengths", batch, Lk)
+    else:
+        lk_eff = np.full(batch + (1, 1), Lk, dtype=np.int64)
+    i = np.arange(Lq, dtype=np.int64)[:, None]
+    j = np.arange(Lk, dtype=np.int64)[None, :]
+    pos = i + lk_eff - Lq if bottom_right else np.broadcast_to(i, batch + (Lq, 1))
+    visible = np.broadcast_to(j < lk_eff, full)
+    if mode is not None:
+        visible = visible & (j <= pos)
+    if left is not None:
+        visible = visible & (j >= pos - left)
+    if right is not None:
+        visible = visible & (j <= pos + right)
+    if kv_start is not None:
+        visible = visible & (j >= _length_table(kv_start, "kv_start", batch, Lk))
+    if mask is not None:
+        visible = visible & mask
+    return np.broadcast_to(visible, full), pos, j
+
+
 def _kv_scaled(kv64, kv_raw, scale, name, kvname):
     """An integer k or v times its k_scale / v_scale (float64), the scale
     broadcast per key (to kv.shape[:-1] + (1,)) or per channel (to
@@ -310,8 +374,8 @@ def _kv_scaled(kv64, kv_raw, scale, name, kvname):
 
 
 def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
-              kv_lengths=None, softcap=None, alibi_slopes=None, k_scale=None, v_scale=None,
-              return_weights=False, return_lse=False):
+              kv_lengths=None, kv_start=None, align="top_left", softcap=None, alibi_slopes=None,
+              k_scale=None, v_scale=None, return_weights=False, return_lse=False):
     """Exact scaled dot-product attention in float64: the specification of :func:`fastattn.attention`.
 
     Builds the whole masked score matrix ``(..., Lq, Lk)``: obviously correct,
@@ -344,6 +408,13 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         ``causal="bottom_right"``; ``None`` leaves a side unbounded.
     kv_lengths : array_like of int, broadcastable to the batch dims, optional
         Keys ``j >= kv_lengths[b]`` are invisible; each length in ``[0, Lk]``.
+    kv_start : array_like of int, broadcastable to the batch dims, optional
+        Keys ``j < kv_start`` are invisible (left padding); ``p(i)`` does not move.
+        1-D tables of ``kv_lengths`` / ``kv_start`` with two or more batch dims hold
+        one value per sequence (the leading batch dim).
+    align : {"top_left", "bottom_right"}, optional
+        ``p(i) = i`` or ``i + Lk_eff - Lq`` for windows and ALiBi, without masking
+        by itself; ``causal="bottom_right"`` implies ``"bottom_right"``.
     softcap : float, optional
         Scaled scores ``s`` become ``softcap * tanh(s / softcap)``.
     alibi_slopes : array_like, broadcastable to the batch dims, optional
@@ -449,52 +520,14 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     full = batch + (Lq, Lk)
 
     scale = _check_scale(scale, Dk)
-    mode = _check_causal(causal)
-    left, right = _check_window(window)
     softcap = _check_softcap(softcap)
-
-    if mask is not None:
-        mask = np.asarray(mask)
-        if mask.dtype != np.bool_:
-            raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {mask.dtype}")
-        mask = _broadcast_arg(mask, full, "mask", "(..., Lq, Lk) =")
+    visible, pos, j = _visibility(batch, Lq, Lk, causal, window, mask, kv_lengths, kv_start, align)
     if bias is not None:
         bias = _as_f64(bias, "bias")
         bias = _broadcast_arg(bias, full, "bias", "(..., Lq, Lk) =")
-    if kv_lengths is not None:
-        lens = np.asarray(kv_lengths)
-        if lens.dtype.kind not in "iu":
-            raise TypeError(f"kv_lengths must be an integer array, got dtype {lens.dtype}")
-        lens = _broadcast_arg(lens, batch, "kv_lengths", "the batch dims")
-        if lens.size and (lens.min() < 0 or lens.max() > Lk):
-            raise ValueError(
-                f"kv_lengths must satisfy 0 <= length <= Lk={Lk}; got values in "
-                f"[{lens.min()}, {lens.max()}]"
-            )
-        lk_eff = lens.astype(np.int64)[..., None, None]  # batch + (1, 1)
-    else:
-        lk_eff = np.full(batch + (1, 1), Lk, dtype=np.int64)
     if alibi_slopes is not None:
         slopes = _as_f64(alibi_slopes, "alibi_slopes")
         slopes = _broadcast_arg(slopes, batch, "alibi_slopes", "the batch dims")[..., None, None]
-
-    i = np.arange(Lq, dtype=np.int64)[:, None]
-    j = np.arange(Lk, dtype=np.int64)[None, :]
-    if mode == "bottom_right":
-        pos = i + lk_eff - Lq  # batch + (Lq, 1)
-    else:
-        pos = np.broadcast_to(i, batch + (Lq, 1))
-
-    visible = np.broadcast_to(j < lk_eff, full)
-    if mode is not None:
-        visible = visible & (j <= pos)
-    if left is not None:
-        visible = visible & (j >= pos - left)
-    if right is not None:
-        visible = visible & (j <= pos + right)
-    if mask is not None:
-        visible = visible & mask
-    visible = np.broadcast_to(visible, full)
 
     with np.errstate(all="ignore"):
         s = scale * np.matmul(q, np.swapaxes(k, -1, -2))
@@ -646,8 +679,8 @@ def _check_grad_operand(x, name, shape):
 
 
 def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False, mask=None,
-                       bias=None, window=None, kv_lengths=None, softcap=None,
-                       alibi_slopes=None, return_dbias=False):
+                       bias=None, window=None, kv_lengths=None, kv_start=None, align="top_left",
+                       softcap=None, alibi_slopes=None, return_dbias=False):
     """Compute the gradients of :func:`attention` (reference, float64, materialised scores).
 
     ``out, lse = attention(q, k, v, ..., return_lse=True)`` with the same options;
@@ -685,7 +718,7 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
         The forward's output.
     lse : array_like, shape (..., Lq)
         The forward's log-sum-exp.
-    scale, causal, mask, bias, window, kv_lengths, softcap, alibi_slopes : optional
+    scale, causal, mask, bias, window, kv_lengths, kv_start, align, softcap, alibi_slopes : optional
         The forward call's options, meaning what they mean for :func:`attention`.
     return_dbias : bool, optional
         Also return the gradient of ``bias``.
@@ -757,47 +790,16 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
     lse = _check_grad_operand(lse, "lse", batch + (Lq,))
 
     scale = _check_scale(scale, Dk)
-    mode = _check_causal(causal)
-    left, right = _check_window(window)
     softcap = _check_softcap(softcap)
+    visible, pos, j = _visibility(batch, Lq, Lk, causal, window, mask, kv_lengths, kv_start, align)
     bias_shape = None
-    if mask is not None:
-        mask = np.asarray(mask)
-        if mask.dtype != np.bool_:
-            raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {mask.dtype}")
-        mask = _broadcast_arg(mask, full, "mask", "(..., Lq, Lk) =")
     if bias is not None:
         bias = _as_f64(bias, "bias")
         bias_shape = bias.shape
         bias = _broadcast_arg(bias, full, "bias", "(..., Lq, Lk) =")
-    if kv_lengths is not None:
-        lens = np.asarray(kv_lengths)
-        if lens.dtype.kind not in "iu":
-            raise TypeError(f"kv_lengths must be an integer array, got dtype {lens.dtype}")
-        lens = _broadcast_arg(lens, batch, "kv_lengths", "the batch dims")
-        if lens.size and (lens.min() < 0 or lens.max() > Lk):
-            raise ValueError(f"kv_lengths must satisfy 0 <= length <= Lk={Lk}; got values in "
-                             f"[{lens.min()}, {lens.max()}]")
-        lk_eff = lens.astype(np.int64)[..., None, None]
-    else:
-        lk_eff = np.full(batch + (1, 1), Lk, dtype=np.int64)
     if alibi_slopes is not None:
         slopes = _as_f64(alibi_slopes, "alibi_slopes")
         slopes = _broadcast_arg(slopes, batch, "alibi_slopes", "the batch dims")[..., None, None]
-
-    i = np.arange(Lq, dtype=np.int64)[:, None]
-    j = np.arange(Lk, dtype=np.int64)[None, :]
-    pos = i + lk_eff - Lq if mode == "bottom_right" else np.broadcast_to(i, batch + (Lq, 1))
-    visible = np.broadcast_to(j < lk_eff, full)
-    if mode is not None:
-        visible = visible & (j <= pos)
-    if left is not None:
-        visible = visible & (j >= pos - left)
-    if right is not None:
-        visible = visible & (j <= pos + right)
-    if mask is not None:
-        visible = visible & mask
-    visible = np.broadcast_to(visible, full)
 
     with np.errstate(all="ignore"):
         s = scale * np.matmul(q, np.swapaxes(k, -1, -2))

@@ -85,7 +85,7 @@ def _opts(name, rng, H, Lq, Lk):
         "alibi": {"alibi_slopes": 2.0 ** -np.arange(1, H + 1)},
         "combined": {"causal": "bottom_right", "window": (60, 2), "mask": mask, "softcap": 3.0,
                      "bias": rng.standard_normal((H, Lq, Lk)), "alibi_slopes": np.full(H, 0.1),
-                     "kv_lengths": np.array([Lk - 5, Lk, Lk // 2])[:H]},
+                     "kv_lengths": np.array([[Lk - 5, Lk, Lk // 2]])[:, :H]},    # per head: (1, H)
     }[name]
 
 
@@ -275,7 +275,7 @@ def test_invisible_garbage_never_reaches_a_gradient(rng):
         q, k, v = _inputs(rng, (1, 2, 120, 16), (1, 2, 200, 16), (1, 2, 200, 16), dtype)
         mask = np.ones((120, 200), dtype=bool)
         mask[:, 50] = False
-        opts = dict(kv_lengths=np.array([150, 200]), mask=mask)
+        opts = dict(kv_lengths=np.array([[150, 200]]), mask=mask)         # per head: (1, H)
         out, lse = fastattn.attention(q, k, v, return_lse=True, **opts)
         g = rng.standard_normal(out.shape).astype(dtype)
         clean = fastattn.attention_backward(g, q, k, v, out, lse, **opts)

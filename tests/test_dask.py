@@ -166,8 +166,8 @@ def test_random_chunkings_and_options_equal_in_memory(client):
 
 def test_shapes_and_dtypes(client):
     """2-D and 3-D inputs, one key/value head for many query heads, NumPy inputs, float16,
-    integer inputs, int8 keys and values with scales, no keys at all, and num_threads
-    passed through."""
+    integer inputs, int8 keys and values with scales, kv_start and align, no keys at
+    all, and num_threads passed through."""
     rng = np.random.default_rng(5)
     x2 = rng.standard_normal((40, 8))
     k3 = rng.standard_normal((3, 33, 8)).astype(np.float32)
@@ -186,6 +186,8 @@ def test_shapes_and_dtypes(client):
         ((q4, kv1[..., :0, :], kv1[..., :0, :]), dict()),       # Lk = 0: zeros, lse -inf
         ((q4, kv1, kv1), dict(num_threads=2)),
         ((q4, i8, i8), dict(k_scale=i8_scale, v_scale=np.float32(0.01), causal=True)),   # int8 caches
+        ((q4, kv1, kv1), dict(kv_start=np.array([3, 10]), align="bottom_right", window=(5, 2),
+                              alibi_slopes=np.linspace(0.1, 0.6, 6))),    # left padding, aligned window
         ((x2, x2, x2), dict(bias=da.from_array(np.linspace(-1, 1, 40), chunks=15), window=[4, None],
                             kv_lengths=30, causal=np.bool_(True))),
     ]

@@ -128,7 +128,10 @@ def attention_problems(draw):
         kw["bias"] = _layout(_values(rng, _broadcastable(rng, score), draw(st.sampled_from(FLOATS))),
                              draw(st.sampled_from(LAYOUTS)))
     if draw(st.integers(0, 2)) == 0:
-        kw["kv_lengths"] = rng.integers(0, Lk + 1, size=_broadcastable(rng, bshape))
+        shape = _broadcastable(rng, bshape)
+        if len(shape) == 1 and len(bshape) >= 2:
+            shape = (1,) + shape          # a 1-D table is per sequence: per-head values as (1, H)
+        kw["kv_lengths"] = rng.integers(0, Lk + 1, size=shape)
     if draw(st.integers(0, 3)) == 0:
         kw["softcap"] = draw(st.floats(0.5, 50.0))
     if draw(st.integers(0, 3)) == 0:

@@ -97,13 +97,15 @@ def test_static_cache_prefill_and_decode(rng):
     assert (o["kv_lengths"] == 10).all()
 
 
-def test_left_padding_is_a_per_key_row(rng):
-    # kv_start: these become kv_start= once fastattn has it
+def test_left_padding_is_kv_start(rng):
     keys = _keys(12, [0, 3], [12, 12])
-    _check(_band(12, 12, 0) & keys, {"causal", "mask"}, rng)
-    _check(np.broadcast_to(keys, (2, 1, 1, 12)), {"mask"}, rng)                 # decode
-    _check(_band(5, 12, 7) & keys, {"causal", "mask"}, rng)                     # continuation
-    _check(_band(12, 12, 0, left=3) & keys, {"causal", "window", "mask"}, rng, sliding_window=4)
+    o = _check(_band(12, 12, 0) & keys, {"causal", "kv_start"}, rng)
+    np.testing.assert_array_equal(o["kv_start"].ravel(), [0, 3])
+    _check(np.broadcast_to(keys, (2, 1, 1, 12)), {"kv_start"}, rng)             # decode
+    _check(_band(5, 12, 7) & keys, {"causal", "kv_start"}, rng)                 # continuation
+    _check(_band(12, 12, 0, left=3) & keys, {"causal", "window", "kv_start"}, rng, sliding_window=4)
+    # left and right padding at once
+    _check(_band(12, 12, 0) & _keys(12, [2, 3], [12, 9]), {"causal", "kv_start", "kv_lengths"}, rng)
 
 
 def test_right_padding_is_kv_lengths(rng):
@@ -160,7 +162,7 @@ def test_anything_else_keeps_the_full_mask(rng):
 def test_rows_without_keys(rng):
     # left padding: padded query rows see nothing, and give 0 as with the full mask
     m = _band(6, 6, 0) & _keys(6, [0, 4], [6, 6])
-    _check(m, {"causal", "mask"}, rng)
+    _check(m, {"causal", "kv_start"}, rng)
     m = _band(6, 6, 0) & _keys(6, [0, 6], [6, 6])      # one sequence all padding
     _check(m, {"causal", "kv_lengths"}, rng)
     options = decompose(np.zeros((2, 1, 4, 5), bool))

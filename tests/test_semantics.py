@@ -164,7 +164,7 @@ def test_kv_lengths(lshape, dtype, rng):
     B, H, Lq, Lk = 3, 2, 11, 50
     q, k, v = qkv(rng, B, H, Lq=Lq, Lk=Lk, dtype=dtype)
     lens = {"B1": np.array([[0], [Lk], [17]]), "BH": np.array([[0, 1], [Lk, 49], [17, 33]]),
-            "scalar": np.array(23), "H": np.array([5, Lk])}[lshape]
+            "scalar": np.array(23), "H": np.array([[5, Lk]])}[lshape]
     out, w, lse = check(q, k, v, kv_lengths=lens)
     lb = np.broadcast_to(lens, (B, H))
     for b in range(B):
@@ -173,6 +173,96 @@ def test_kv_lengths(lshape, dtype, rng):
                 np.testing.assert_array_equal(out[b, h], 0)
                 np.testing.assert_array_equal(lse[b, h], -np.inf)
             assert (np.asarray(w)[b, h, :, lb[b, h]:] == 0).all()
+
+
+def test_one_dimensional_tables_are_per_sequence(rng):
+    """A 1-D kv_lengths / kv_start with two or more batch dims holds one value per
+    sequence (the leading batch dim, flash-attn's cache_seqlens) -- also when
+    B == H, where a per-head reading would silently differ; a 1-D table of any
+    other length raises, naming the argument; per-head values take (1, H)."""
+    B, H, Lq, Lk = 2, 2, 3, 40
+    q, k, v = qkv(rng, B, H, Lq=Lq, Lk=Lk, dtype=np.float64)
+    for name in ("kv_lengths", "kv_start"):
+        vals = np.array([30, 7]) if name == "kv_lengths" else np.array([7, 30])
+        got = fastattn.attention(q, k, v, **{name: vals})
+        want = fastattn.attention(q, k, v, **{name: vals[:, None]})       # (B, 1): per sequence
+        np.testing.assert_array_equal(got, want)
+        per_head = fastattn.attention(q, k, v, **{name: vals[None, :]})   # (1, H)
+        assert not np.allclose(got, per_head)
+        assert_close(got, R.attention(q, k, v, **{name: vals}), np.float64)
+        q4, k4, v4 = qkv(rng, B, 4, Lq=Lq, Lk=Lk, dtype=np.float64)
+        np.testing.assert_array_equal(fastattn.attention(q4, k4, v4, **{name: vals}),
+                                      fastattn.attention(q4, k4, v4, **{name: vals[:, None]}))
+        with pytest.raises(ValueError, match=name):
+            fastattn.attention(q4, k4, v4, **{name: np.array([1, 2, 3, 4])})   # 4 heads, 2 sequences
+        with pytest.raises(ValueError, match=name):
+            R.attention(q4, k4, v4, **{name: np.array([1, 2, 3, 4])})
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_kv_start_left_padding(dtype, rng):
+    """kv_start: keys j < kv_start are invisible (left padding), per batch
+    element; the diagonal stays where it is (bottom-right causal counts from
+    Lk_eff); with kv_lengths both ends are cut; a row left with no key gives 0 and
+    lse -inf.  Equals the reference and the same attention on the keys cut out."""
+    B, H, Lq, Lk = 3, 2, 6, 300
+    q, k, v = qkv(rng, B, H, Lq=Lq, Lk=Lk, dtype=dtype)
+    starts = np.array([0, 130, 295])
+    for kw in (dict(), dict(causal="bottom_right"), dict(causal="bottom_right", window=(20, 0)),
+               dict(kv_lengths=np.array([300, 200, 298])), dict(alibi_slopes=np.array([0.1, 0.5]))):
+        out, lse = fastattn.attention(q, k, v, kv_start=starts, return_lse=True, **kw)
+        ro, rl = R.attention(q, k, v, kv_start=starts, return_lse=True, **kw)
+        assert_close(out, ro, dtype)
+        assert_close(lse, rl, dtype)
+    # a left-padded batch equals each sequence without its padding (bottom-right causal)
+    for b, s0 in enumerate(starts):
+        sub = fastattn.attention(q[b], k[b, :, s0:], v[b, :, s0:], causal="bottom_right")
+        full = fastattn.attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], causal="bottom_right",
+                                  kv_start=np.array([s0]))[0]
+        assert_close(full, sub, dtype)
+    # decode shapes (split key ranges), grouped heads, everything cut
+    qd, kd, vd = qkv(rng, 2, 4, Lq=1, Lk=5000, dtype=dtype)
+    kd, vd = kd[:, :2], vd[:, :2]
+    st = np.array([4999, 1234])
+    assert_close(fastattn.attention(qd, kd, vd, kv_start=st), R.attention(qd, kd, vd, kv_start=st), dtype)
+    out, lse = fastattn.attention(q, k, v, kv_start=np.array([[300]]), return_lse=True)
+    assert (out == 0).all() and np.isneginf(lse).all()
+    with pytest.raises(ValueError, match="kv_start"):
+        fastattn.attention(q, k, v, kv_start=np.array([[301]]))
+    with pytest.raises(TypeError, match="kv_start"):
+        fastattn.attention(q, k, v, kv_start=np.array([1.0]))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_align_bottom_right_without_causality(dtype, rng):
+    """align="bottom_right" places p(i) = i + Lk_eff - Lq for windows and ALiBi
+    without hiding the keys right of the diagonal (flash-attn's local windows and
+    ALiBi with Lq != Lk); causal=True with it is causal="bottom_right"; invisible
+    tiles outside the window are still skipped.  Against the reference and a
+    boolean mask built by hand."""
+    B, H, Lq, Lk = 2, 3, 4, 8
+    q, k, v = qkv(rng, B, H, Lq=Lq, Lk=Lk, dtype=dtype)
+    i, j = np.arange(Lq)[:, None], np.arange(Lk)[None, :]
+    p = i + Lk - Lq
+    banded = np.abs(j - p) <= 1
+    got = fastattn.attention(q, k, v, window=(1, 1), align="bottom_right")
+    assert_close(got, R.attention(q, k, v, mask=banded), dtype)
+    assert_close(got, R.attention(q, k, v, window=(1, 1), align="bottom_right"), dtype)
+    slopes = np.array([0.5, 1.0, 2.0])
+    got = fastattn.attention(q, k, v, alibi_slopes=slopes, align="bottom_right")
+    bias = -slopes[:, None, None] * np.abs(p - j)
+    assert_close(got, R.attention(q, k, v, bias=bias), dtype)
+    np.testing.assert_array_equal(fastattn.attention(q, k, v, causal=True, align="bottom_right"),
+                                  fastattn.attention(q, k, v, causal="bottom_right"))
+    np.testing.assert_array_equal(fastattn.attention(q, k, v, causal="bottom_right", align="top_left"),
+                                  fastattn.attention(q, k, v, causal="bottom_right"))
+    ql, kl, vl = qkv(rng, 1, 2, Lq=200, Lk=3000, dtype=dtype)
+    assert_close(fastattn.attention(ql, kl, vl, window=(64, 64), align="bottom_right"),
+                 R.attention(ql, kl, vl, window=(64, 64), align="bottom_right"), dtype)
+    with pytest.raises(ValueError, match="align"):
+        fastattn.attention(q, k, v, align="bottom-right")
+    with pytest.raises(TypeError, match="align"):
+        fastattn.attention(q, k, v, align=True)
 
 
 @pytest.mark.parametrize("lens_dtype", [np.int32, np.int64, np.uint32, np.int16])

@@ -122,7 +122,7 @@ def test_half_outputs_written_by_the_kernels(half, rng):
     for qs, ks in (((1, 4, 1, 64), (1, 4, 3000, 64)), ((1, 2, 3, 32), (1, 2, 2500, 32)),
                    ((1, 2, 70, 64), (1, 2, 200, 64)), ((2, 3, 5, 16), (2, 3, 40, 16))):
         q, k, v = (rng.standard_normal(s).astype(half) for s in (qs, ks, ks))
-        lengths = np.array([0] + [ks[-2] - 7] * (qs[1] - 1))        # a head that sees nothing
+        lengths = np.array([[0] + [ks[-2] - 7] * (qs[1] - 1)])      # a head that sees nothing (1, H)
         want = fastattn.attention(q.astype(np.float32), k, v, kv_lengths=lengths).astype(half)
         np.testing.assert_array_equal(fastattn.attention(q, k, v, kv_lengths=lengths), want)
         out = np.full(qs, np.nan, half)

@@ -181,9 +181,25 @@ cdef int parse_window(window, int64_t *wl, int64_t *wr) except -1:
     return 0
 
 
-cdef inline int parse_scalar_options(Plan *P, scale, causal, window, softcap) except -1:
-    """causal, window, scale and softcap into the plan (P.Dk set)."""
+cdef int align_code(align) except -1:
+    """align= as 0 ("top_left", the default: p(i) = i) or 1 ("bottom_right")."""
+    if align is None or (type(align) is str and align == "top_left"):
+        return 0
+    if type(align) is str and align == "bottom_right":
+        return 1
+    if isinstance(align, str):
+        raise ValueError(f"align must be 'top_left' or 'bottom_right', got {align!r}")
+    raise TypeError(f"align must be 'top_left' or 'bottom_right', got {align!r}")
+
+
+cdef inline int parse_scalar_options(Plan *P, scale, causal, window, softcap, align=None) except -1:
+    """causal, align, window, scale and softcap into the plan (P.Dk set).
+    causal="bottom_right" implies the bottom-right alignment; causal=True with
+    align="bottom_right" is causal="bottom_right"."""
     P.causal = causal_code(causal)
+    P.align = 1 if P.causal == CAUSAL_BOTTOM_RIGHT else align_code(align)
+    if P.align and P.causal == CAUSAL_TOP_LEFT:
+        P.causal = CAUSAL_BOTTOM_RIGHT
     parse_window(window, &P.wl, &P.wr)
     if scale is None:
         P.scale = 1.0 / sqrt(<double>P.Dk) if P.Dk > 0 else 1.0
@@ -397,16 +413,26 @@ cdef cnp.ndarray batch_table(x, str name, const cnp.npy_intp *bq, int nbq, int t
     return t
 
 
-cdef cnp.ndarray kv_lengths_table(kv_lengths, const cnp.npy_intp *bq, int nbq, int64_t Lk):
-    """kv_lengths as the int64 table of the batch elements, every length in [0, Lk]."""
+cdef cnp.ndarray kv_lengths_table(kv_lengths, const cnp.npy_intp *bq, int nbq, int64_t Lk,
+                                  str name="kv_lengths"):
+    """kv_lengths (or kv_start) as the int64 table of the batch elements, every
+    value in [0, Lk].  A 1-D table with two or more batch dims holds one value
+    per sequence -- per element of the LEADING batch dim (flash-attn's
+    cache_seqlens) -- never per head; full-rank forms broadcast by NumPy rules."""
     cdef cnp.ndarray a = <cnp.ndarray>kv_lengths if type(kv_lengths) is cnp.ndarray else np.asarray(kv_lengths)
     cdef cnp.ndarray t
     cdef const int64_t *p
     cdef int64_t lo, hi
     cdef cnp.npy_intp i, n
     if not cnp.PyArray_ISINTEGER(a):
-        raise TypeError(f"kv_lengths must be an integer array, got dtype {a.dtype}")
-    t = batch_table(a, "kv_lengths", bq, nbq, cnp.NPY_INT64)
+        raise TypeError(f"{name} must be an integer array, got dtype {a.dtype}")
+    if a.ndim == 1 and nbq >= 2 and a.shape[0] != 1:
+        if a.shape[0] != bq[0]:
+            raise ValueError(f"{name}: a 1-D table holds one value per sequence (the leading batch dim, "
+                             f"{bq[0]}), got {a.shape[0]} values; per-head values take the batch shape, "
+                             f"e.g. {tuple(bq[d] for d in range(nbq))} or (1, {bq[nbq - 1]})")
+        a = a.reshape((a.shape[0],) + (1,) * (nbq - 1))
+    t = batch_table(a, name, bq, nbq, cnp.NPY_INT64)
     n = cnp.PyArray_SIZE(t)
     if n:
         p = <const int64_t *>cnp.PyArray_DATA(t)
@@ -415,7 +441,7 @@ cdef cnp.ndarray kv_lengths_table(kv_lengths, const cnp.npy_intp *bq, int nbq, i
             lo = min(lo, p[i])
             hi = max(hi, p[i])
         if lo < 0 or hi > Lk:
-            raise ValueError(f"kv_lengths must lie in [0, Lk={Lk}], got values in [{lo}, {hi}]")
+            raise ValueError(f"{name} must lie in [0, Lk={Lk}], got values in [{lo}, {hi}]")
     return t
 
 

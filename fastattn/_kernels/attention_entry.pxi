@@ -40,20 +40,22 @@ cdef object finish_outputs(out, cnp.ndarray res, cnp.ndarray wts, cnp.ndarray ls
 
 
 def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
-              kv_lengths=None, softcap=None, alibi_slopes=None, k_scale=None, v_scale=None,
-              return_weights=False, return_lse=False, out=None, num_threads=None):
+              kv_lengths=None, kv_start=None, align="top_left", softcap=None, alibi_slopes=None,
+              k_scale=None, v_scale=None, return_weights=False, return_lse=False, out=None,
+              num_threads=None):
     cdef cnp.ndarray qa, ka, va, res
-    cdef cnp.ndarray ma = None, ba = None, kvt = None, slt = None, wts = None, lse = None
+    cdef cnp.ndarray ma = None, ba = None, kvt = None, kst = None, slt = None, wts = None, lse = None
     cdef Plan P
     cdef int ctype, otype, nbq, kkind = SCALE_NONE, vkind = SCALE_NONE
     cdef cnp.npy_intp dims[MAXDIM + 2]
     if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(mask)
-            and plain(bias) and plain(out) and plain(kv_lengths) and plain(alibi_slopes)
+            and plain(bias) and plain(out) and plain(kv_lengths) and plain(kv_start) and plain(alibi_slopes)
             and plain(k_scale) and plain(v_scale)):
         result = _foreign_attention(q, k, v, dict(
             scale=scale, causal=causal, mask=mask, bias=bias, window=window, kv_lengths=kv_lengths,
-            softcap=softcap, alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
-            return_weights=return_weights, return_lse=return_lse, out=out, num_threads=num_threads))
+            kv_start=kv_start, align=align, softcap=softcap, alibi_slopes=alibi_slopes, k_scale=k_scale,
+            v_scale=v_scale, return_weights=return_weights, return_lse=return_lse, out=out,
+            num_threads=num_threads))
         if result is not NotImplemented:
             return result
     qa = as_input(q, "q")
@@ -76,13 +78,15 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         raise MemoryError(f"head dimensions Dk={P.Dk}, Dv={P.Dv} are too large: the attention workspace "
                           f"cannot be allocated")
     batch_layout(&P, qa, ka, va, dims, &nbq)
-    parse_scalar_options(&P, scale, causal, window, softcap)
+    parse_scalar_options(&P, scale, causal, window, softcap, align)
     if mask is not None:
         ma = score_operand(mask, "mask", dims, nbq, P.Lq, P.Lk, cnp.NPY_BOOL)
     if bias is not None:
         ba = score_operand(bias, "bias", dims, nbq, P.Lq, P.Lk, ctype)
     if kv_lengths is not None:
         kvt = kv_lengths_table(kv_lengths, dims, nbq, P.Lk)
+    if kv_start is not None:
+        kst = kv_lengths_table(kv_start, dims, nbq, P.Lk, "kv_start")
     if alibi_slopes is not None:
         slt = batch_table(as_input(alibi_slopes, "alibi_slopes"), "alibi_slopes", dims, nbq, ctype)
 
@@ -111,6 +115,9 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         va = stored_operand(va, ctype, True)
     plan_init(&P, qa, ka, va, res)
     plan_options(&P, ma, ba, kvt, slt, wts, lse)
+    if kst is not None:
+        P.has_kvstart = 1
+        P.kvstart = <int64_t *>cnp.PyArray_DATA(kst)
     if kkind != SCALE_NONE:
         k_scale = scale_table(k_scale)
         plan_scale(&P, &P.ks, k_scale, kkind)

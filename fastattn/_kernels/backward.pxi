@@ -640,7 +640,7 @@ cdef int64_t bwd_key_groups(const BwdPlan *B, size_t item) noexcept nogil:
 
 cdef int backward_execute(BwdPlan *B, cnp.ndarray dout, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v,
                           cnp.ndarray out, cnp.ndarray lse, cnp.ndarray dq, cnp.ndarray dk, cnp.ndarray dv,
-                          dbias, mask, bias, kvlen, slopes, num_threads) except -1:
+                          dbias, mask, bias, kvlen, kvstart, slopes, num_threads) except -1:
     """Gradients of attention on prepared arrays (the argument path of
     attention_backward, backward_entry.pxi, has checked them): B.P's batch
     layout, shapes and scalar options are set (P.softcap 0: B.softcap holds the
@@ -656,6 +656,9 @@ cdef int backward_execute(BwdPlan *B, cnp.ndarray dout, cnp.ndarray q, cnp.ndarr
     cdef cnp.ndarray order = None, starts = None, partial = None, offs
     plan_init(&B.P, q, k, v, out)
     plan_options(&B.P, mask, bias, kvlen, slopes, None, lse)
+    if kvstart is not None:
+        B.P.has_kvstart = 1
+        B.P.kvstart = <int64_t *>cnp.PyArray_DATA(kvstart)
     if B.P.Lq == 0 or B.P.nbatch == 0:
         return 0
     hq = B.P.g * (B.P.bshape[B.P.nb - 1] if B.P.nb > 0 else 1)

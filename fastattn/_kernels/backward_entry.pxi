@@ -45,11 +45,11 @@ cdef object finish_gradient(cnp.ndarray grad, cnp.ndarray like, int otype):
 
 
 def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False, mask=None, bias=None,
-                       window=None, kv_lengths=None, softcap=None, alibi_slopes=None, return_dbias=False,
-                       num_threads=None):
+                       window=None, kv_lengths=None, kv_start=None, align="top_left", softcap=None,
+                       alibi_slopes=None, return_dbias=False, num_threads=None):
     cdef BwdPlan B
     cdef cnp.ndarray qa, ka, va, q0, k0, v0, dq, dk, dv
-    cdef cnp.ndarray ma = None, ba = None, kvt = None, slt = None, dbias = None, bias_in = None
+    cdef cnp.ndarray ma = None, ba = None, kvt = None, kst = None, slt = None, dbias = None, bias_in = None
     cdef int ctype, otype, nbq, d
     cdef cnp.npy_intp dims[MAXDIM + 2]
     cdef cnp.npy_intp kvdims[MAXDIM + 2]
@@ -68,7 +68,7 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
     B.P.Dk = qa.shape[qa.ndim - 1]
     B.P.Dv = va.shape[va.ndim - 1]
     batch_layout(&B.P, qa, ka, va, dims, &nbq)
-    parse_scalar_options(&B.P, scale, causal, window, softcap)
+    parse_scalar_options(&B.P, scale, causal, window, softcap, align)
     B.softcap = B.P.softcap         # the backward applies softcap itself (its derivative)
     B.P.softcap = 0
     if not isinstance(return_dbias, (bool, np.bool_)):
@@ -82,6 +82,8 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
         ba = to_compute(score_operand(bias_in, "bias", dims, nbq, B.P.Lq, B.P.Lk, ctype), ctype)
     if kv_lengths is not None:
         kvt = kv_lengths_table(kv_lengths, dims, nbq, B.P.Lk)
+    if kv_start is not None:
+        kst = kv_lengths_table(kv_start, dims, nbq, B.P.Lk, "kv_start")
     if alibi_slopes is not None:
         slt = batch_table(as_input(alibi_slopes, "alibi_slopes"), "alibi_slopes", dims, nbq, ctype)
 
@@ -109,7 +111,7 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
         qa = to_compute(qa, ctype)
         ka = to_compute(ka, ctype)
         va = to_compute(va, ctype)
-        backward_execute(&B, dout, qa, ka, va, outc, lsec, dq, dk, dv, dbias, ma, ba, kvt, slt, num_threads)
+        backward_execute(&B, dout, qa, ka, va, outc, lsec, dq, dk, dv, dbias, ma, ba, kvt, kst, slt, num_threads)
     res = (finish_gradient(dq, q0, otype), finish_gradient(dk, k0, otype), finish_gradient(dv, v0, otype))
     if return_dbias:
         res += (finish_gradient(dbias, bias_in, otype),)

@@ -80,12 +80,14 @@ cdef struct Plan:
     double scale
     double softcap             # 0: none
     int causal
+    int align                  # 1: p(i) bottom-right aligned (i + Lk_eff - Lq), 0: p(i) = i
     int64_t wl, wr             # window sides, -1: unbounded
-    int has_mask, has_bias, has_kvlen, has_alibi, want_lse, want_weights
+    int has_mask, has_bias, has_kvlen, has_kvstart, has_alibi, want_lse, want_weights
     int kscale, vscale         # SCALE_NONE / SCALE_PER_KEY / SCALE_PER_CHANNEL
     Operand q, k, v, o, mask, bias, w, lse
     Operand ks, vs             # the scales (float32), trailing dims (Lk, 1) or (1, D)
     int64_t *kvlen             # (nbatch * g) valid key counts
+    int64_t *kvstart           # (nbatch * g) first valid key (left padding)
     char *slopes               # (nbatch * g) ALiBi slopes, compute dtype
 
 
@@ -182,8 +184,9 @@ cdef inline int64_t round_up(int64_t x, int64_t m) noexcept nogil:
 
 cdef inline int64_t row_diag(const Plan *P, int64_t pos, int64_t kl) noexcept nogil:
     """Diagonal position p(i) of query position pos against kl keys: pos itself,
-    or shifted so the last query meets the last key (bottom-right causal)."""
-    return pos + kl - P.Lq if P.causal == CAUSAL_BOTTOM_RIGHT else pos
+    or shifted so the last query meets the last key (bottom-right alignment:
+    causal="bottom_right", or align="bottom_right")."""
+    return pos + kl - P.Lq if P.align else pos
 
 
 cdef inline void key_range(const Plan *P, int64_t p, int64_t kb, int64_t ke,
@@ -211,9 +214,10 @@ cdef int plan_init(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.nda
     for d in range(P.nb):
         P.nbatch *= P.bshape[d]
     P.nrows = P.g * P.Lq
-    P.has_mask = P.has_bias = P.has_kvlen = P.has_alibi = P.want_lse = P.want_weights = 0
+    P.has_mask = P.has_bias = P.has_kvlen = P.has_kvstart = P.has_alibi = P.want_lse = P.want_weights = 0
     P.kscale = P.vscale = SCALE_NONE
     P.kvlen = NULL
+    P.kvstart = NULL
     P.slopes = NULL
     fill_operand(&P.q, q, 2, P, hq)
     fill_operand(&P.k, k, 2, P, hq)

@@ -147,6 +147,11 @@ cdef void setup_rows(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_
         p = row_diag(P, pos, kl)
         ws.pos[i] = p
         key_range(P, p, kb, kl if kl < ke else ke, &lo, &hi)
+        if P.has_kvstart and P.kvstart[b * P.g + grp] > lo:
+            # left padding: keys before kv_start are invisible (the diagonal stays)
+            lo = P.kvstart[b * P.g + grp]
+            if hi < lo:
+                hi = lo
         if hi > lo:
             if lo < lo_all[0]:
                 lo_all[0] = lo

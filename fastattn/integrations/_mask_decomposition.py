@@ -6,7 +6,7 @@ A full (..., Lq, Lk) mask stops the kernels from skipping invisible key tiles
 (a diagonal at some offset, maybe a sliding window) intersected with a
 per-key visibility row (padding, unfilled static-cache slots).  :func:`decompose`
 finds such a structure, expresses it as ``causal`` / ``window`` /
-``kv_lengths`` / a per-key ``mask`` of shape (..., 1, Lk), then builds the mask
+``kv_lengths`` / ``kv_start`` / a per-key ``mask`` of shape (..., 1, Lk), then builds the mask
 those options mean (:func:`implied_mask`, fastattn's visibility rule) and
 compares it with the given one, element for element: a decomposition is used
 only when it reproduces the mask exactly, otherwise the full mask is passed.
@@ -21,11 +21,12 @@ import numpy as np
 __all__ = ["decompose", "implied_mask"]
 
 
-def implied_mask(shape, causal=False, window=None, kv_lengths=None, mask=None, rows=None):
+def implied_mask(shape, causal=False, window=None, kv_lengths=None, kv_start=None, mask=None, rows=None):
     """The boolean visibility (True = may attend) that fastattn's options mean, for
     scores of ``shape`` = (..., Lq, Lk): the rule of ``fastattn.reference.attention``.
 
-    ``kv_lengths`` is an integer array broadcastable to ``shape[:-2]``; ``mask`` a
+    ``kv_lengths`` and ``kv_start`` are integer arrays broadcastable to ``shape[:-2]``
+    (keys ``j >= kv_lengths`` and ``j < kv_start`` invisible); ``mask`` a
     boolean array broadcastable to ``shape`` (one row, (..., 1, Lk), when ``rows``
     is given); ``window`` None or (left, right) with None sides.  ``rows``: only
     these query rows (the result then has ``len(rows)`` rows)."""
@@ -44,6 +45,8 @@ def implied_mask(shape, causal=False, window=None, kv_lengths=None, mask=None, r
         visible = visible & (j >= pos - left)
     if right is not None:
         visible = visible & (j <= pos + right)
+    if kv_start is not None:
+        visible = visible & (j >= np.broadcast_to(np.asarray(kv_start), batch)[..., None, None])
     if mask is not None:
         visible = visible & mask
     return np.broadcast_to(visible, batch + (i.shape[0], Lk))
@@ -86,11 +89,13 @@ def _key_options(keys):
     """Ways to say the per-key row ``keys`` (..., Lk), cheapest first."""
     Lk = keys.shape[-1]
     ranges = _key_ranges(keys)
-    if ranges is not None and (ranges[0] == 0).all():
-        yield {} if (ranges[1] == Lk).all() else {"kv_lengths": ranges[1]}
-    # kv_start: with fastattn's kv_start= (keys j < kv_start invisible: left
-    # padding) a contiguous run is {"kv_start": ranges[0], "kv_lengths": ranges[1]},
-    # to be yielded here, before the per-key mask.
+    if ranges is not None:
+        if (ranges[0] == 0).all():
+            yield {} if (ranges[1] == Lk).all() else {"kv_lengths": ranges[1]}
+        else:
+            # left padding: keys j < kv_start invisible (the leading tiles skipped)
+            yield ({"kv_start": ranges[0]} if (ranges[1] == Lk).all()
+                   else {"kv_start": ranges[0], "kv_lengths": ranges[1]})
     yield {"mask": keys[..., None, :]}             # (..., 1, Lk): read per key, cheaply
 
 
@@ -138,7 +143,9 @@ def _candidates(shape, offsets, left, keys):
                 options = dict(kopts) if d is None else _band_options(shape, d, left, kopts)
                 if options is not None:
                     found.append(options)
-    return sorted(found, key=lambda o: "mask" in o)
+    # no mask first; kv_start only where nothing else says it (a band's own left edge
+    # is cheaper said by its window)
+    return sorted(found, key=lambda o: ("mask" in o, "kv_start" in o))
 
 
 def decompose(mask, is_causal=True, sliding_window=None):
@@ -158,7 +165,7 @@ def decompose(mask, is_causal=True, sliding_window=None):
     -------
     dict
         Options for ``fastattn.attention`` (``causal``, ``window``,
-        ``kv_lengths``, ``mask``) whose visibility equals ``mask`` exactly
+        ``kv_lengths``, ``kv_start``, ``mask``) whose visibility equals ``mask`` exactly
         (checked); ``{"mask": mask}`` when no cheaper form reproduces it.
     """
     full = {"mask": mask}

@@ -34,8 +34,8 @@ from .. import _api, _sdpa
 __all__ = ["attention", "scaled_dot_product_attention", "softmax", "log_softmax", "AttentionFunction"]
 
 # the attention keywords that the backward needs as the forward had them
-_BACKWARD_OPTIONS = ("scale", "causal", "mask", "window", "kv_lengths", "softcap", "alibi_slopes",
-                     "num_threads")
+_BACKWARD_OPTIONS = ("scale", "causal", "mask", "window", "kv_lengths", "kv_start", "align", "softcap",
+                     "alibi_slopes", "num_threads")
 
 
 def _tensor_to_array(t, name):
