@@ -2,7 +2,7 @@
 # the same names for its own vector width), the fused compute type, the imports
 # every other part of the kernel module uses.
 
-from cython.parallel cimport prange, parallel
+from cython.parallel cimport prange, parallel, threadid
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uintptr_t
 from libc.math cimport exp, log, sqrt, isfinite, INFINITY, NAN
 

@@ -2,6 +2,46 @@
 # pick the layout, hand the units to the OpenMP team without the GIL, merge
 # splits, run a filled plan.
 
+cdef extern from *:
+    """
+    #include <time.h>
+    /* a monotonic-enough clock in seconds for the interrupt checks (C11) */
+    static double fa_seconds(void)
+    {
+        struct timespec t;
+        timespec_get(&t, TIME_UTC);
+        return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    }
+    """
+    double fa_seconds() nogil
+    # declared without an exception clause: a KeyboardInterrupt it raises stays
+    # set for attention_run's caller instead of being reported here
+    int PyErr_CheckSignals()
+
+cdef enum:
+    INTERRUPT_MIN_WORK = 1 << 27      # smaller problems are never interrupted (no clock reads)
+
+cdef double INTERRUPT_EVERY = 0.05    # seconds between signal checks of a long call
+
+
+cdef inline int interrupt_check(int *stop, double *next_check) noexcept nogil:
+    """On the calling thread (OpenMP thread 0) of a long call: every
+    INTERRUPT_EVERY seconds, take the GIL and run Python's pending signal
+    handlers; when one raised (Ctrl-C: KeyboardInterrupt), set *stop so every
+    thread abandons its remaining units.  The exception stays set for the caller."""
+    cdef double now
+    if stop[0]:
+        return 1
+    now = fa_seconds()
+    if now < next_check[0]:
+        return 0
+    next_check[0] = now + INTERRUPT_EVERY
+    with gil:
+        if PyErr_CheckSignals() != 0:
+            stop[0] = 1
+    return stop[0]
+
+
 cdef inline int64_t plan_work(const Plan *P) noexcept nogil:
     """A size measure of the problem: below PARALLEL_MIN_WORK it runs on one thread."""
     return P.nbatch * P.nrows * (P.Lk + 1) * (P.Dk + P.Dv + 1)
@@ -103,6 +143,10 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     cdef int64_t total = units
     cdef int failed = 0
     cdef int *failed_p = &failed    # written through the pointer: shared by all threads
+    cdef int stop = 0
+    cdef int *stop_p = &stop        # set when Ctrl-C interrupts a long call (interrupt_check)
+    cdef double next_check
+    cdef bint interruptible
     cdef Workspace *ws              # assigned inside the parallel block: one per thread
     cdef floating *stats = NULL
     cdef floating *po = NULL
@@ -165,6 +209,9 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
     # (the zigzag map measured level with it there; plain round-robin left
     # causal units unbalanced: 8 heads of 256x256 0.77x).
     static_map = plan_work(P) < STATIC_MAX_WORK
+    # long calls check for Ctrl-C between units (on the calling thread only)
+    interruptible = plan_work(P) > INTERRUPT_MIN_WORK
+    next_check = fa_seconds() + INTERRUPT_EVERY if interruptible else 0
     if not use_threads:
         # Small problems: no OpenMP region at all (even a one-thread region is a
         # runtime call with locking), one workspace on the calling thread.
@@ -174,6 +221,8 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
                 failed = 1
             else:
                 for u in range(total):
+                    if interruptible and interrupt_check(stop_p, &next_check):
+                        break
                     do_unit(P, ws, u, kind, units, nblk, bq, rows, chunk, stride_split, stats, po, pm, pl)
                 workspace_delete(ws)
     else:
@@ -189,10 +238,19 @@ cdef int attention_run(Plan *P, floating dummy, int nthreads) except -1:
                         do_unit(P, ws, zigzag(u, nthreads, total), kind, units, nblk, bq, rows, chunk, stride_split, stats, po, pm, pl)
             else:
                 for u in prange(total, schedule='dynamic'):
-                    if ws != NULL:
+                    if ws != NULL and not stop_p[0]:
+                        if interruptible and threadid() == 0 and interrupt_check(stop_p, &next_check):
+                            continue
                         do_unit(P, ws, total - 1 - u if rev else u, kind, units, nblk, bq, rows, chunk, stride_split, stats, po, pm, pl)
             workspace_delete(ws)
 
+    if stop:
+        # interrupted: the results are incomplete and never returned
+        fa_free(stats)
+        fa_free(po)
+        fa_free(pm)
+        fa_free(pl)
+        return -1
     if nsplit > 1 and not failed:
         with nogil:
             for u in prange(units, schedule='static', num_threads=nthreads, use_threads_if=use_threads):

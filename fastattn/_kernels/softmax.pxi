@@ -55,6 +55,11 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
     cdef floating *buf = NULL
     cdef int failed = 0
     cdef int *failed_p = &failed
+    cdef int stop = 0
+    cdef int *stop_p = &stop
+    # long calls check for Ctrl-C between units (interrupt_check, driver.pxi)
+    cdef bint interruptible = P.nbatch * n > INTERRUPT_MIN_WORK
+    cdef double next_check = fa_seconds() + INTERRUPT_EVERY if interruptible else 0
     if not use_threads:
         # no OpenMP region at all for small inputs (see attention_run)
         with nogil:
@@ -62,7 +67,10 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
                 buf = <floating *>fa_alloc(2 * (n if n > 0 else 1) * sizeof(floating))
                 failed = buf == NULL
             if not failed:
-                softmax_rows(P, 0, P.nbatch, n, log_mode, buf)
+                for u in range(units):
+                    if interruptible and interrupt_check(stop_p, &next_check):
+                        break
+                    softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf)
             fa_free(buf)
     else:
         with nogil, parallel(num_threads=nthreads):
@@ -72,9 +80,13 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
                 if buf == NULL:
                     failed_p[0] = 1
             for u in prange(units, schedule='static'):
-                if contiguous or buf != NULL:
+                if (contiguous or buf != NULL) and not stop_p[0]:
+                    if interruptible and threadid() == 0 and interrupt_check(stop_p, &next_check):
+                        continue
                     softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf)
             fa_free(buf)
+    if stop:
+        return -1           # interrupted (KeyboardInterrupt set): no result
     if failed:
         raise MemoryError("fastattn: could not allocate the softmax row buffer")
     return 0

@@ -1,0 +1,68 @@
+"""Ctrl-C: a long attention or softmax call stops soon with KeyboardInterrupt.
+
+The calling thread checks for signals between work units (every 50 ms of a
+long call) and the team abandons the remaining units; the call raises, so no
+half-written result is returned.  A child process runs the long call and the
+test sends it SIGINT.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    import numpy as np, fastattn
+    which, threads = sys.argv[1], int(sys.argv[2])
+    rng = np.random.default_rng(0)
+    if which == "attention":
+        q = rng.standard_normal((1, 8, 16384, 128), dtype=np.float32)   # ~10 s of work on one core
+        out = np.zeros_like(q)
+        call = lambda: fastattn.attention(q, q, q, out=out, num_threads=threads)
+    else:
+        x = np.zeros((1 << 11, 1 << 18), dtype=np.float32)               # 2 GiB of softmax rows
+        call = lambda: [fastattn.softmax(x, num_threads=threads) for _ in range(50)]
+    print("ready", flush=True)
+    try:
+        call()
+        print("finished", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+""")
+
+
+def _interrupt(which, threads):
+    env = dict(os.environ)
+    p = subprocess.Popen([sys.executable, "-c", CHILD, which, str(threads)], stdout=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        t = time.perf_counter()
+        p.send_signal(signal.SIGINT)
+        line = p.stdout.readline().strip()
+        elapsed = time.perf_counter() - t
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return line, elapsed
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ctrl_c_stops_a_long_attention_call(threads):
+    line, elapsed = _interrupt("attention", threads)
+    assert line == "interrupted"
+    assert elapsed < 1.0, f"KeyboardInterrupt {elapsed:.2f} s after SIGINT"
+
+
+def test_ctrl_c_stops_a_long_softmax_call():
+    line, elapsed = _interrupt("softmax", 2)
+    assert line == "interrupted"
+    assert elapsed < 1.0, f"KeyboardInterrupt {elapsed:.2f} s after SIGINT"
