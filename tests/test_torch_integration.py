@@ -241,14 +241,31 @@ def test_tensor_errors_name_the_argument(rng):
             fastattn.attention(*args, **kw)
     with pytest.raises(TypeError, match="x: .*CPU"):
         fastattn.softmax(meta[0, 0])
-    with pytest.raises(TypeError, match="v: bfloat16 tensors are not supported yet"):
-        fastattn.attention(q, q, q.bfloat16())
-    with pytest.raises(TypeError, match="query|q: bfloat16"):
-        fastattn.scaled_dot_product_attention(q.bfloat16(), q, q)
     with pytest.raises(TypeError, match="layout"):
         fastattn.softmax(torch.eye(3).to_sparse())
     with pytest.raises(TypeError, match="out: .*autograd"):
         fastattn.attention(q.requires_grad_(), q, q, out=torch.empty(1, 2, 4, 8))
+
+
+def test_bfloat16_tensors_in_and_out(rng):
+    """bfloat16 tensors are read in place (a NumPy bfloat16 view of their memory) and
+    the result is a bfloat16 tensor; float32 queries with bfloat16 keys give float32;
+    the values are those of the float32 computation on the bfloat16 values."""
+    pytest.importorskip("ml_dtypes")
+    from fastattn.integrations.torch import _tensor_to_array
+    q = _rand(rng, (1, 2, 5, 16))
+    k = _rand(rng, (1, 2, 9, 16)).bfloat16()
+    view = _tensor_to_array(k, "k")
+    assert view.dtype.name == "bfloat16" and view.ctypes.data == k.data_ptr()
+    out = fastattn.attention(q.bfloat16(), k, k, causal="bottom_right")
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
+    want = fastattn.attention(q.bfloat16().float().numpy(), k.float().numpy(), k.float().numpy(),
+                              causal="bottom_right")
+    np.testing.assert_allclose(out.float().numpy(), want, rtol=2 ** -7, atol=1e-3)
+    mixed = fastattn.attention(q, k, k)
+    assert mixed.dtype == torch.float32
+    sd = fastattn.scaled_dot_product_attention(q.bfloat16(), k, k, is_causal=True)
+    assert sd.dtype == torch.bfloat16
 
 
 def test_bfloat16_arrays_become_bfloat16_tensors():

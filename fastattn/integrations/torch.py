@@ -49,11 +49,14 @@ def _tensor_to_array(t, name):
     if t.layout != torch.strided:
         raise TypeError(f"{name}: only dense (strided) tensors are supported, got layout {t.layout}")
     if t.dtype == torch.bfloat16:
-        # bfloat16 goes here: fastattn reads bfloat16 storage as the NumPy dtype
-        # ml_dtypes.bfloat16 (issue 24); the view is then
-        # t.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        raise TypeError(f"{name}: bfloat16 tensors are not supported yet; fastattn reads float16, "
-                        f"float32 and float64 tensors (convert with {name}.float())")
+        # bfloat16: the tensor's memory viewed as NumPy's bfloat16 dtype (ml_dtypes,
+        # which fastattn recognises by the dtype itself): no copy
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError(f"{name}: bfloat16 tensors need the ml_dtypes package for a NumPy view of their "
+                            f"memory (pip install ml_dtypes); or convert with {name}.float()") from None
+        return t.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     try:
         return t.detach().numpy()
     except (TypeError, RuntimeError) as e:
@@ -102,7 +105,8 @@ def attention(q, k, v, **options):
     Raises
     ------
     TypeError
-        A tensor on a device other than the CPU, a bfloat16 tensor (for now), an
+        A tensor on a device other than the CPU, a bfloat16 tensor without
+        ml_dtypes installed, an
         ``alibi_slopes`` tensor that requires grad (slopes take no gradient), or
         ``out=`` where a gradient is needed (autograd cannot record it).
 

@@ -16,8 +16,8 @@ options (:mod:`fastattn.integrations._mask_decomposition`): causal alignment
 chosen by where the queries sit, sliding window, per-key padding, and a full
 mask only when nothing else reproduces it.
 
-float32 and float16 models; bfloat16 raises ``TypeError`` until fastattn reads
-bfloat16 storage.  CPU only.  ``dropout`` must be 0 (models pass 0 in eval mode).
+float32, float16 and bfloat16 models (bfloat16 tensors are read through
+``ml_dtypes``' NumPy dtype: ``pip install ml_dtypes``).  CPU only.  ``dropout`` must be 0 (models pass 0 in eval mode).
 """
 import weakref
 
