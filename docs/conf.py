@@ -59,8 +59,9 @@ autodoc_typehints = "none"
 numpydoc_show_class_members = False
 numpydoc_validation_checks = {"all"}
 
-# --- doctest (-b doctest): the pages' examples import what they use
-doctest_global_setup = "import numpy as np\nimport fastattn"
+# --- doctest (-b doctest): the pages' examples import what they use; examples
+# that need an optional package (torch, dask) say ``:skipif: find_spec("torch") is None``
+doctest_global_setup = "import numpy as np\nimport fastattn\nfrom importlib.util import find_spec"
 
 html_theme = "alabaster"
 html_title = f"fastattn {release}"
