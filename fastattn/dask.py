@@ -312,13 +312,21 @@ def _scaled(x, scale, name, xname):
     return x.astype(np.float32) * scale
 
 
+def _per_sequence(x, bshape):
+    """A 1-D kv_lengths / kv_start with two or more batch dims holds one value per
+    sequence (the leading batch dim), as in memory: shaped (B, 1, ..., 1) so that
+    each batch chunk's tasks get their own slice.  Anything else is returned as it
+    is (a 1-D table of the wrong length then raises the in-memory error)."""
+    if x is not None and x.ndim == 1 and len(bshape) >= 2 and x.shape[0] == bshape[0] != 1:
+        return x.reshape((x.shape[0],) + (1,) * (len(bshape) - 1))
+    return x
+
+
 def _start_mask(kv_start, bshape, Lk):
     """kv_start as a boolean per-key mask (..., 1, Lk) of the batch dims (keys j <
     kv_start invisible), lazy when kv_start is; a 1-D table is one value per
     sequence (the leading batch dim), as in memory."""
-    ks = kv_start if isinstance(kv_start, da.Array) else np.asarray(kv_start)
-    if ks.ndim == 1 and len(bshape) >= 2 and ks.shape[0] not in (1,):
-        ks = ks.reshape((ks.shape[0],) + (1,) * (len(bshape) - 1))
+    ks = _per_sequence(kv_start if isinstance(kv_start, da.Array) else np.asarray(kv_start), bshape)
     keys = da.arange(Lk, chunks=Lk) if isinstance(ks, da.Array) else np.arange(Lk)
     return keys >= ks[..., None, None]
 
@@ -386,6 +394,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     _validate(q, k, v, None, None, None, None, dict(options, return_weights=False))
     bshape = batch_shape(q, k, v)
     score_shape = tuple(bshape) + (Lq, Lk)
+    lengths = _per_sequence(lengths, bshape)
     if kv_start is not None:
         # the in-memory checks of kv_start on a stand-in, then a per-key mask
         lazy = isinstance(kv_start, da.Array)

@@ -265,6 +265,27 @@ def test_kv_lengths_skip_pairs(client):
     assert pruned_lazily == 3
 
 
+def test_one_dimensional_lengths_are_per_sequence_with_a_chunked_batch(client):
+    """A 1-D kv_lengths / kv_start (one value per sequence) with the batch dim split
+    over chunks: each chunk's tasks read their own sequences' values, eager or lazy,
+    and the pairs past each chunk's lengths are pruned."""
+    rng = np.random.default_rng(11)
+    qn = rng.standard_normal((3, 2, 4, 8))
+    kn = rng.standard_normal((3, 2, 64, 8))
+    q = da.from_array(qn, chunks=(1, 2, 4, 8))
+    k = da.from_array(kn, chunks=(1, 2, 16, 8))
+    lens, start = np.array([20, 64, 3]), np.array([0, 30, 1])
+    want = fastattn.attention(qn, kn, kn, kv_lengths=lens, kv_start=start)
+    eager = fdask.attention(q, k, k, kv_lengths=lens, kv_start=start)
+    lazy = fdask.attention(q, k, k, kv_lengths=da.from_array(lens, chunks=1),
+                           kv_start=da.from_array(start, chunks=1))
+    assert _partial_tasks(eager) == 2 + 4 + 1          # key chunks under each length
+    for got in client.compute([eager, lazy], sync=True):
+        _check(got, want)
+    with pytest.raises(ValueError, match="kv_lengths: a 1-D table holds one value per sequence"):
+        fdask.attention(q, k, k, kv_lengths=np.array([1, 2]))
+
+
 def test_query_chunk_that_sees_no_key_gives_zeros_and_minus_inf(client):
     q = da.ones((1, 32, 4), chunks=(1, 8, 4))
     k = da.ones((1, 64, 4), chunks=(1, 16, 4))
