@@ -6,9 +6,11 @@ kernel module chosen for this CPU (``fastattn._dispatch``): their argument path
 (``fastattn/_kernels/arguments.pxi``), one path for every call.  Inputs are
 never written and never copied when they already have the compute dtype:
 broadcast batch dims, transposed or negative strides, read-only and
-memory-mapped arrays are passed to the kernels as they are.  Copies happen only
-for dtype conversion (float16, integers, mixed dtypes, big-endian data) and for
-misaligned data.
+memory-mapped arrays are passed to the kernels as they are, and so are the
+storage types (float16, bfloat16, int8 keys and values) under a float32 compute.
+Copies happen only for dtype conversions the kernels do not do (a storage type
+under a float64 compute, other integers, big-endian data) and for misaligned
+data.
 """
 import numpy as np
 

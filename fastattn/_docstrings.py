@@ -111,14 +111,15 @@ weights : ndarray, shape (..., Lq, Lk)
     Only with ``return_weights=True``: the weights, in the output dtype.
 lse : ndarray, shape (..., Lq)
     Only with ``return_lse=True``: each row's log-sum-exp, in the compute
-    dtype (float32 for float32 or float16 results, float64 otherwise).
+    dtype (float32 for float32, float16 or bfloat16 results, float64
+    otherwise).
 
 Raises
 ------
 TypeError
     An array of a complex, object, string, bytes or datetime dtype; a
-    ``mask`` that is not boolean; ``kv_lengths`` that are not integers;
-    ``k_scale`` / ``v_scale`` given for a non-integer ``k`` / ``v``;
+    ``mask`` that is not boolean; ``kv_lengths`` or ``kv_start`` that are
+    not integers; an ``align`` that is not a string; ``k_scale`` / ``v_scale`` given for a non-integer ``k`` / ``v``;
     ``scale``, ``softcap``, ``window`` or ``causal`` of the wrong type; ``out``
     that is not an ndarray or has the wrong dtype (byte order included);
     ``num_threads`` that is not an int; an option passed positionally.
@@ -129,8 +130,9 @@ ValueError
     key/value head count); ``mask``, ``bias``, ``kv_lengths`` or
     ``alibi_slopes`` that do not broadcast; a ``k_scale`` / ``v_scale`` that
     is not finite or broadcasts neither per key nor per channel;
-    ``kv_lengths`` outside
-    ``[0, Lk]``; a negative window side; ``softcap <= 0``; a non-finite
+    ``kv_lengths`` or ``kv_start`` outside
+    ``[0, Lk]`` (or a 1-D table whose length is not the leading batch dim);
+    an unknown ``align``; a negative window side; ``softcap <= 0``; a non-finite
     ``scale`` or ``softcap``; an unknown ``causal`` string; ``out`` with the
     wrong shape, read-only, with zero strides or overlapping an input;
     ``num_threads < 1``.  Every message names the argument.
@@ -158,7 +160,8 @@ see them.
 
 Inputs are never written.  Any strides are read in place (transposed views,
 negative strides, read-only and memory-mapped arrays); copies are made only to
-convert a dtype (float16, integers, mixed or big-endian inputs) or for
+convert a dtype the kernels do not read (float16 / bfloat16 / int8 with a
+float64 compute, integers other than int8, big-endian inputs) or for
 misaligned data.  Extra memory is one small workspace per thread, never
 ``Lq * Lk``.
 
@@ -243,8 +246,9 @@ ndarray
     The softmax, of ``x``'s shape and, along an axis, of ``x``'s memory
     layout (as a NumPy ufunc: a Fortran-ordered input gives a
     Fortran-ordered result).  Its dtype: float32 and float64 compute and
-    return natively; float16 is computed in float32 and returned as float16;
-    integers and bools compute and return in float64.
+    return natively; float16 and bfloat16 (``ml_dtypes.bfloat16``) are
+    computed in float32 and returned in their own dtype; integers and bools
+    compute and return in float64.
 
 Raises
 ------
@@ -318,8 +322,8 @@ Returns
 ndarray
     The log-softmax, of ``x``'s shape (and, along an axis, memory layout).
     Its dtype follows :func:`softmax`: float32 and float64 native, float16
-    computed in float32 and returned as float16, integers and bools in
-    float64.
+    and bfloat16 computed in float32 and returned in their own dtype,
+    integers and bools in float64.
 
 Raises
 ------
@@ -372,7 +376,7 @@ Returns
 -------
 out : ndarray, shape (..., Lq, Dv)
     The attention output over all the parts' keys, in the compute dtype of
-    the inputs: float32 when every input is float32 or float16, float64
+    the inputs: float32 when every input is float32, float16 or bfloat16, float64
     otherwise.
 lse : ndarray, shape (..., Lq)
     Its log-sum-exp, in the same dtype.

@@ -443,14 +443,15 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     ------
     TypeError
         A complex, object or string array; a non-boolean ``mask``;
-        non-integer ``kv_lengths``; ``scale``, ``softcap``, ``window`` or
-        ``causal`` of the wrong type.
+        non-integer ``kv_lengths`` or ``kv_start``; ``scale``, ``softcap``,
+        ``window``, ``causal`` or ``align`` of the wrong type; ``k_scale`` /
+        ``v_scale`` for non-integer keys / values.
     ValueError
         Fewer than 2 dims; mismatched ``Dk`` or ``Lk``; batch dims, ``mask``,
-        ``bias``, ``kv_lengths`` or ``alibi_slopes`` that do not broadcast;
-        ``kv_lengths`` outside ``[0, Lk]``; a negative window side;
-        ``softcap <= 0``; a non-finite ``scale`` or ``softcap``; an unknown
-        ``causal`` string.
+        ``bias``, ``kv_lengths``, ``kv_start``, ``alibi_slopes`` or the scales
+        that do not broadcast; ``kv_lengths`` or ``kv_start`` outside
+        ``[0, Lk]``; a negative window side; ``softcap <= 0``; a non-finite
+        ``scale`` or ``softcap``; an unknown ``causal`` or ``align`` string.
 
     See Also
     --------

@@ -428,9 +428,11 @@ cdef cnp.ndarray kv_lengths_table(kv_lengths, const cnp.npy_intp *bq, int nbq, i
         raise TypeError(f"{name} must be an integer array, got dtype {a.dtype}")
     if a.ndim == 1 and nbq >= 2 and a.shape[0] != 1:
         if a.shape[0] != bq[0]:
+            full = tuple(bq[d] for d in range(nbq))
+            heads = (1,) * (nbq - 1) + (bq[nbq - 1],)
             raise ValueError(f"{name}: a 1-D table holds one value per sequence (the leading batch dim, "
                              f"{bq[0]}), got {a.shape[0]} values; per-head values take the batch shape, "
-                             f"e.g. {tuple(bq[d] for d in range(nbq))} or (1, {bq[nbq - 1]})")
+                             f"e.g. {full}" + (f" or {heads}" if heads != full else ""))
         a = a.reshape((a.shape[0],) + (1,) * (nbq - 1))
     t = batch_table(a, name, bq, nbq, cnp.NPY_INT64)
     n = cnp.PyArray_SIZE(t)

@@ -4,7 +4,8 @@
 and :func:`fastattn.scaled_dot_product_attention` come here when an argument is
 a torch tensor (this module, and torch, are imported only then).  CPU tensors
 of float32, float64 and float16 are read in place through ``Tensor.numpy()``
-(a view of the tensor's memory, with its strides: no copy), and the results
+(a view of the tensor's memory, with its strides: no copy), bfloat16 as an
+``ml_dtypes.bfloat16`` view of the same memory, and the results
 come back as tensors that share the result arrays' memory
 (``torch.from_numpy``).  Tensors on another device raise ``TypeError``.
 
