@@ -1,4 +1,4 @@
-"""Ctrl-C: a long attention or softmax call stops soon with KeyboardInterrupt.
+"""Ctrl-C: a long attention, backward or softmax call stops soon with KeyboardInterrupt.
 
 The calling thread checks for signals between work units (every 50 ms of a
 long call) and the team abandons the remaining units; the call raises, so no
@@ -25,9 +25,17 @@ CHILD = textwrap.dedent("""
         q = rng.standard_normal((1, 8, 16384, 128), dtype=np.float32)   # ~10 s of work on one core
         out = np.zeros_like(q)
         call = lambda: fastattn.attention(q, q, q, out=out, num_threads=threads)
+    elif which == "backward":
+        q = 0.1 * rng.standard_normal((1, 4, 16384, 64), dtype=np.float32)  # ~5 s of work on one core
+        lse = np.full(q.shape[:-1], np.log(q.shape[-2]), dtype=np.float32)
+        call = lambda: fastattn.attention_backward(q, q, q, q, q, lse, num_threads=threads)
     else:
         x = np.zeros((1 << 11, 1 << 18), dtype=np.float32)               # 2 GiB of softmax rows
-        call = lambda: [fastattn.softmax(x, num_threads=threads) for _ in range(50)]
+        # out= touched first: a new 2 GiB result's first writes are page faults
+        # (the OS zeroing huge pages), seconds in one column unit, not fastattn's work
+        out = np.ones_like(x)
+        axis = 0 if which == "softmax_columns" else -1
+        call = lambda: [fastattn.softmax(x, axis=axis, out=out, num_threads=threads) for _ in range(50)]
     print("ready", flush=True)
     try:
         call()
@@ -62,7 +70,15 @@ def test_ctrl_c_stops_a_long_attention_call(threads):
     assert elapsed < 1.0, f"KeyboardInterrupt {elapsed:.2f} s after SIGINT"
 
 
-def test_ctrl_c_stops_a_long_softmax_call():
-    line, elapsed = _interrupt("softmax", 2)
+@pytest.mark.parametrize("which", ["softmax", "softmax_columns"])
+def test_ctrl_c_stops_a_long_softmax_call(which):
+    line, elapsed = _interrupt(which, 2)
+    assert line == "interrupted"
+    assert elapsed < 1.0, f"KeyboardInterrupt {elapsed:.2f} s after SIGINT"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ctrl_c_stops_a_long_backward_call(threads):
+    line, elapsed = _interrupt("backward", threads)
     assert line == "interrupted"
     assert elapsed < 1.0, f"KeyboardInterrupt {elapsed:.2f} s after SIGINT"

@@ -556,8 +556,11 @@ cdef void bwd_store_dq_rows(const BwdPlan *B, int64_t b, int64_t r0, int64_t r1,
             dst[c * B.dq.sc] = acc
 
 
-cdef void bwd_unit(const BwdPlan *B, BwdWorkspace *ws, int64_t u, floating *dummy) noexcept nogil:
-    """Unit u: key group u % G of every batch element of slice u // G."""
+cdef void bwd_unit(const BwdPlan *B, BwdWorkspace *ws, int64_t u, floating *dummy,
+                   int *stop, double *next_check, bint checker) noexcept nogil:
+    """Unit u: key group u % G of every batch element of slice u // G.  Stops
+    early once *stop is set; the checker thread of a long call looks for Ctrl-C
+    between key blocks (interrupt_check, driver.pxi)."""
     cdef const Plan *P = &B.P
     cdef int64_t sl = u // B.G, kg = u % B.G
     cdef int64_t first = B.starts[sl] if B.order != NULL else sl
@@ -575,6 +578,8 @@ cdef void bwd_unit(const BwdPlan *B, BwdWorkspace *ws, int64_t u, floating *dumm
         for j in range(P.nrows * B.dkp):
             dqacc[j] = 0
         for c in range(B.nkb):
+            if stop[0] or (checker and interrupt_check(stop, next_check)):
+                return
             if key_group(c, B.G) == kg:
                 kb = c * BWD_BK
                 bwd_key_block(B, ws, b, kb, min(<int64_t>BWD_BK, P.Lk - kb), dqacc)
@@ -591,6 +596,12 @@ cdef int bwd_run(BwdPlan *B, floating dummy, int nthreads) except -1:
     cdef int use_threads = nthreads > 1 and plan_work(&B.P) > PARALLEL_MIN_WORK
     cdef int failed = 0
     cdef int *failed_p = &failed
+    cdef int stop = 0
+    cdef int *stop_p = &stop
+    # long calls check for Ctrl-C on the calling thread (OpenMP thread 0)
+    cdef bint interruptible = plan_work(&B.P) > INTERRUPT_MIN_WORK
+    cdef double next_check = fa_seconds() + INTERRUPT_EVERY if interruptible else 0
+    cdef double *next_p = &next_check
     cdef BwdWorkspace *ws
     if not use_threads:
         with nogil:
@@ -599,7 +610,9 @@ cdef int bwd_run(BwdPlan *B, floating dummy, int nthreads) except -1:
                 failed = 1
             else:
                 for u in range(units):
-                    bwd_unit(B, ws, u, <floating *>NULL)
+                    if stop:
+                        break
+                    bwd_unit(B, ws, u, <floating *>NULL, stop_p, next_p, interruptible)
                 bwd_workspace_delete(ws)
     else:
         with nogil, parallel(num_threads=nthreads):
@@ -607,9 +620,11 @@ cdef int bwd_run(BwdPlan *B, floating dummy, int nthreads) except -1:
             if ws == NULL:
                 failed_p[0] = 1
             for u in prange(units, schedule='dynamic'):
-                if ws != NULL:
-                    bwd_unit(B, ws, u, <floating *>NULL)
+                if ws != NULL and not stop_p[0]:
+                    bwd_unit(B, ws, u, <floating *>NULL, stop_p, next_p, interruptible and threadid() == 0)
             bwd_workspace_delete(ws)
+    if stop:
+        return -1           # interrupted (KeyboardInterrupt set): no result
     if failed:
         raise MemoryError("fastattn: could not allocate the per-thread attention backward workspace")
     if B.G > 1:

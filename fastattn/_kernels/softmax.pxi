@@ -79,11 +79,18 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
                 buf = <floating *>fa_alloc(2 * (n if n > 0 else 1) * sizeof(floating))
                 if buf == NULL:
                     failed_p[0] = 1
-            for u in prange(units, schedule='static'):
-                if (contiguous or buf != NULL) and not stop_p[0]:
-                    if interruptible and threadid() == 0 and interrupt_check(stop_p, &next_check):
-                        continue
-                    softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf)
+            if not interruptible:
+                for u in prange(units, schedule='static'):
+                    if contiguous or buf != NULL:
+                        softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf)
+            else:
+                # dynamic: the calling thread keeps taking units (and checking for
+                # Ctrl-C) however unevenly the others progress
+                for u in prange(units, schedule='dynamic'):
+                    if (contiguous or buf != NULL) and not stop_p[0]:
+                        if threadid() == 0 and interrupt_check(stop_p, &next_check):
+                            continue
+                        softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf)
             fa_free(buf)
     if stop:
         return -1           # interrupted (KeyboardInterrupt set): no result
@@ -133,15 +140,31 @@ cdef int softmax_cols_run(const floating *x, int64_t xso, int64_t xsn, floating 
     cdef int64_t nblk = inner // CW if inner >= CW else 1    # the last block takes the rest
     cdef int64_t units = outer * nblk, u
     cdef int use_threads = nthreads > 1 and units > 1 and outer * n * inner > SOFTMAX_PARALLEL_MIN
+    cdef int stop = 0
+    cdef int *stop_p = &stop
+    # long calls check for Ctrl-C between units (interrupt_check, driver.pxi)
+    cdef bint interruptible = outer * n * inner > INTERRUPT_MIN_WORK
+    cdef double next_check = fa_seconds() + INTERRUPT_EVERY if interruptible else 0
     if not use_threads:
         with nogil:
             for u in range(units):
+                if interruptible and interrupt_check(stop_p, &next_check):
+                    break
                 cols_unit(x, xso, xsn, y, yso, ysn, n, inner, nblk, u, log_mode)
     else:
         with nogil:
-            for u in prange(units, schedule='static', num_threads=nthreads):
-                cols_unit(x, xso, xsn, y, yso, ysn, n, inner, nblk, u, log_mode)
-    return 0
+            if not interruptible:
+                for u in prange(units, schedule='static', num_threads=nthreads):
+                    cols_unit(x, xso, xsn, y, yso, ysn, n, inner, nblk, u, log_mode)
+            else:
+                # handed out dynamically, so the calling thread keeps taking units
+                # (and checking) while the others are slow (page faults of a new output)
+                for u in prange(units, schedule='dynamic', num_threads=nthreads):
+                    if not stop_p[0]:
+                        if threadid() == 0 and interrupt_check(stop_p, &next_check):
+                            continue
+                        cols_unit(x, xso, xsn, y, yso, ysn, n, inner, nblk, u, log_mode)
+    return -1 if stop else 0     # -1: interrupted, KeyboardInterrupt set
 
 
 # a softmax along a non-last axis takes the column kernel when the axes after
