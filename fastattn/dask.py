@@ -335,39 +335,117 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
               kv_lengths=None, kv_start=None, align="top_left", softcap=None, alibi_slopes=None,
               k_scale=None, v_scale=None, return_weights=False, return_lse=False, out=None,
               num_threads=None, split_every=None):
-    """:func:`fastattn.attention` on Dask arrays, as a lazy Dask array.
+    """Compute :func:`fastattn.attention` on Dask arrays, as a lazy Dask array.
+
+    Builds a task graph and computes nothing.  Chunks along the batch dims and
+    along the queries are independent tasks.  Chunks along the keys give one
+    task per (query chunk, key chunk) pair: an in-memory
+    :func:`fastattn.attention` call on the two chunks with ``return_lse=True``
+    and the causal, window, ALiBi and ``kv_lengths`` options shifted to the
+    chunks' positions; the partial results are merged with
+    :func:`fastattn.merge_attention` in a tree of ``split_every`` parts per
+    merge task.  A pair that no query of its chunk can see (``causal``,
+    ``window``, ``kv_lengths``) gets no task.  The result is the in-memory one
+    up to rounding (the merges round in the compute dtype).  The head dims
+    ``Dk`` and ``Dv`` are rechunked to one chunk; the batch chunks of all
+    operands are unified to a common refinement, with grouped query heads
+    kept whole per task.  :func:`fastattn.attention` given a Dask argument
+    returns the result of this function.
 
     Parameters
     ----------
-    q, k, v : dask or NumPy arrays, shapes (..., Lq, Dk), (..., Lk, Dk), (..., Lk, Dv)
-        NumPy arrays are wrapped as one chunk.  Chunks along batch dims and queries
-        are independent tasks; chunks along keys are merged by log-sum-exp.
-    scale, causal, mask, bias, window, kv_lengths, kv_start, align, softcap, alibi_slopes
-        As :func:`fastattn.attention`.  kv_start is applied as a per-key mask (its
-        pairs are not pruned).  mask / bias may be dask arrays (rechunked to
-        the query and key chunks); kv_lengths / alibi_slopes dask or NumPy arrays.
-    k_scale, v_scale : dask or NumPy arrays, optional
-        Scales of int8 ``k`` / ``v`` (as :func:`fastattn.attention`): each chunk
-        is widened with its scale applied (``k.astype(float32) * k_scale``).
-    return_weights, return_lse : bool
-        Also return the weights (..., Lq, Lk) and the log-sum-exp (..., Lq), both lazy.
+    q : dask.array.Array or array_like, shape (..., Lq, Dk)
+        Queries, as :func:`fastattn.attention`.  An array that is not a Dask
+        array is wrapped as one chunk.  Chunk sizes must be known.
+    k : dask.array.Array or array_like, shape (..., Lk, Dk)
+        Keys, as :func:`fastattn.attention`.  The key chunks of ``k`` and ``v``
+        are unified.
+    v : dask.array.Array or array_like, shape (..., Lk, Dv)
+        Values, as :func:`fastattn.attention`.
+    scale : float, optional
+        As :func:`fastattn.attention`.
+    causal : {False, True, "top_left", "bottom_right"}, optional
+        As :func:`fastattn.attention`.  Prunes the pairs it hides.
+    mask : dask.array.Array or array_like of bool, broadcastable to (..., Lq, Lk), optional
+        As :func:`fastattn.attention`; rechunked to the query and key chunks.
+        Its values are not read to prune pairs.
+    bias : dask.array.Array or array_like, broadcastable to (..., Lq, Lk), optional
+        As :func:`fastattn.attention`; rechunked to the query and key chunks.
+    window : int or (int or None, int or None), optional
+        As :func:`fastattn.attention`.  Prunes the pairs it hides.
+    kv_lengths : dask.array.Array or array_like of int, broadcastable to the batch dims, optional
+        As :func:`fastattn.attention`.  A NumPy table is read when the graph is
+        built: range errors are raised then, and pairs past each batch chunk's
+        lengths get no task.  A Dask table is not computed then: only pairs that
+        no length in ``[0, Lk]`` could make visible are pruned, and its range is
+        checked by the tasks, at compute time.
+    kv_start : dask.array.Array or array_like of int, broadcastable to the batch dims, optional
+        As :func:`fastattn.attention`, applied as a per-key boolean mask
+        (intersected with ``mask``), so the keys it hides are not pruned.  A
+        NumPy table is checked when the graph is built; of a Dask table only
+        the dtype and shape are checked (its values' range is not).
+    align : {"top_left", "bottom_right"}, optional
+        As :func:`fastattn.attention`.
+    softcap : float, optional
+        As :func:`fastattn.attention`.
+    alibi_slopes : dask.array.Array or array_like, broadcastable to the batch dims, optional
+        As :func:`fastattn.attention`.
+    k_scale : dask.array.Array or array_like, optional
+        Scale of an integer ``k``, checked as by :func:`fastattn.attention`;
+        the tasks see the keys ``k.astype(float32) * k_scale``, computed
+        lazily, chunk by chunk.  A scale that is not a Dask array is first
+        converted with ``np.asarray``: a Python float becomes a float64 array,
+        which makes the keys, and then the output, float64.
+    v_scale : dask.array.Array or array_like, optional
+        The same for an integer ``v``.
+    return_weights : bool, optional
+        Also return the attention weights, a lazy (..., Lq, Lk) array chunked
+        like the scores (zero blocks for the pairs without a task).  They are
+        as large as the scores, which the rest of the graph never holds.
+    return_lse : bool, optional
+        Also return the log-sum-exp of each row, a lazy (..., Lq) array.
     out : None
-        Not supported (TypeError): the result is lazy.
+        Not supported: any other value raises TypeError, the result being
+        lazy (write it with ``dask.array.store``).
     num_threads : int, optional
-        Threads of each task's kernel call; default: one (see the module doc).
-    split_every : int >= 2, optional
-        Partial results merged per merge task (default ``dask.config``'s
-        "split_every", else 4).
+        Threads of each task's kernel calls.  Default: one thread per task
+        (Dask runs one task per worker thread), or the setting of
+        :func:`fastattn.set_num_threads` if it was called in the worker's
+        process.
+    split_every : int, optional
+        Partial results merged per merge task, at least 2.  Default
+        ``dask.config.get("split_every")`` when that is an int, else 4.
 
     Returns
     -------
-    dask.array.Array, or the tuple (out, weights, lse) with the parts asked for.
+    out : dask.array.Array, shape (..., Lq, Dv)
+        The lazy attention output, in :func:`fastattn.attention`'s output
+        dtype; the whole result when neither ``return_weights`` nor
+        ``return_lse`` is set, else the first item of the tuple
+        ``(out, weights, lse)`` holding the parts asked for, in that order.
+    weights : dask.array.Array, shape (..., Lq, Lk)
+        Only with ``return_weights=True``: the weights, in the output dtype.
+    lse : dask.array.Array, shape (..., Lq)
+        Only with ``return_lse=True``: each row's log-sum-exp, in the compute
+        dtype.
 
     Raises
     ------
-    TypeError, ValueError
-        The in-memory errors, raised when the graph is built (for lazy kv_lengths
-        out of range: at compute time).  TypeError for ``out=``.
+    TypeError
+        The errors of :func:`fastattn.attention`, raised when the graph is
+        built (its checks run on zero-size stand-ins of the inputs); and any
+        ``out`` other than None.
+    ValueError
+        The errors of :func:`fastattn.attention`, raised when the graph is
+        built, but those of a Dask ``kv_lengths``' values, raised at compute
+        time; an input with unknown chunk sizes; ``split_every`` that is not
+        an int >= 2 or None.
+
+    See Also
+    --------
+    fastattn.attention : The in-memory function.
+    fastattn.merge_attention : How the key chunks' partial results are merged.
+    fastattn.dask.softmax : Softmax of a Dask array.
 
     Examples
     --------
@@ -605,28 +683,59 @@ def _softmax(x, axis, out, num_threads, log, split_every):
 
 
 def softmax(x, axis=-1, *, out=None, num_threads=None, split_every=None):
-    """:func:`fastattn.softmax` of a Dask array, as a lazy Dask array.
+    """Compute :func:`fastattn.softmax` of a Dask array, as a lazy Dask array.
 
-    Along an axis that is one chunk (or ``axis=None`` on a one-chunk array) each block
-    is an in-memory :func:`fastattn.softmax` call.  Along a chunked axis: two passes,
-    a tree reduction of each slice's max and sum of exponentials (float64), then a
-    blockwise normalisation.  The edge cases are the in-memory ones (an all -inf slice
-    gives zeros, +inf or NaN gives NaN in that slice).
+    Along an axis that is one chunk (or with ``axis=None``, on an array that is
+    one chunk) each block is an in-memory :func:`fastattn.softmax` call, and
+    the result is the in-memory one.  Along a chunked axis, two passes: a tree
+    reduction of each slice's maximum and sum of exponentials, then a
+    blockwise normalisation, both in float64 NumPy (the result is the
+    in-memory one up to rounding).  The edge cases are the in-memory ones: a
+    slice that is entirely ``-inf`` gives zeros, ``+inf`` or NaN in a slice
+    gives NaN in that slice.  :func:`fastattn.softmax` given a Dask array
+    returns the result of this function.
 
     Parameters
     ----------
-    x : dask or NumPy array
-    axis : int or None
+    x : dask.array.Array or array_like
+        Input.  An array that is not a Dask array is wrapped as one chunk.
+        Chunk sizes must be known.
+    axis : int or None, optional
+        As :func:`fastattn.softmax`.  Default -1.
     out : None
-        Not supported (TypeError).
+        Not supported: any other value raises TypeError, the result being
+        lazy (write it with ``dask.array.store``).
     num_threads : int, optional
-        Threads of each block's kernel call; default one (see the module doc).
+        Threads of each block's :func:`fastattn.softmax` call when ``axis`` is
+        one chunk; default one thread per block, or the setting of
+        :func:`fastattn.set_num_threads` if it was called in the worker's
+        process.  Along a chunked axis it is checked but unused (NumPy
+        computes there).
     split_every : int, optional
-        As ``dask.array.reduction``, for the chunked-axis reduction.
+        For a chunked axis, the ``split_every`` of the reduction
+        (``dask.array.reduction``'s argument, with its default).
 
     Returns
     -------
     dask.array.Array
+        The lazy softmax, of ``x``'s shape and chunks, in the dtype of
+        :func:`fastattn.softmax`'s result.
+
+    Raises
+    ------
+    TypeError
+        The errors of :func:`fastattn.softmax` (raised when the graph is
+        built, on a zero-size stand-in of ``x``); and any ``out`` other than
+        None.
+    ValueError
+        The errors of :func:`fastattn.softmax`, raised when the graph is
+        built; ``x`` with unknown chunk sizes.
+
+    See Also
+    --------
+    fastattn.softmax : The in-memory function.
+    fastattn.dask.log_softmax : The log-softmax of a Dask array.
+    fastattn.dask.attention : Attention on Dask arrays.
 
     Examples
     --------
@@ -640,7 +749,50 @@ def softmax(x, axis=-1, *, out=None, num_threads=None, split_every=None):
 
 
 def log_softmax(x, axis=-1, *, out=None, num_threads=None, split_every=None):
-    """:func:`fastattn.log_softmax` of a Dask array, as a lazy Dask array (see :func:`softmax`).
+    """Compute :func:`fastattn.log_softmax` of a Dask array, as a lazy Dask array.
+
+    As :func:`fastattn.dask.softmax`: along an axis that is one chunk each block
+    is an in-memory :func:`fastattn.log_softmax` call; along a chunked axis a
+    float64 tree reduction of each slice's maximum and sum of exponentials,
+    then a blockwise ``x - max - log(sum)`` in float64 NumPy.  A slice that is
+    entirely ``-inf`` gives ``-inf``, ``+inf`` or NaN in a slice gives NaN in
+    that slice, as in memory.  :func:`fastattn.log_softmax` given a Dask array
+    returns the result of this function.
+
+    Parameters
+    ----------
+    x : dask.array.Array or array_like
+        Input.  An array that is not a Dask array is wrapped as one chunk.
+        Chunk sizes must be known.
+    axis : int or None, optional
+        As :func:`fastattn.log_softmax`.  Default -1.
+    out : None
+        Not supported: any other value raises TypeError, the result being
+        lazy.
+    num_threads : int, optional
+        As :func:`fastattn.dask.softmax`.
+    split_every : int, optional
+        As :func:`fastattn.dask.softmax`.
+
+    Returns
+    -------
+    dask.array.Array
+        The lazy log-softmax, of ``x``'s shape and chunks, in the dtype of
+        :func:`fastattn.log_softmax`'s result.
+
+    Raises
+    ------
+    TypeError
+        The errors of :func:`fastattn.log_softmax` (raised when the graph is
+        built); and any ``out`` other than None.
+    ValueError
+        The errors of :func:`fastattn.log_softmax`, raised when the graph is
+        built; ``x`` with unknown chunk sizes.
+
+    See Also
+    --------
+    fastattn.log_softmax : The in-memory function.
+    fastattn.dask.softmax : The softmax of a Dask array.
 
     Examples
     --------

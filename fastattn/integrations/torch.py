@@ -94,22 +94,72 @@ def _needs_grad(*tensors):
 
 
 def attention(q, k, v, **options):
-    """:func:`fastattn.attention` for torch tensors, differentiable.
+    """Compute :func:`fastattn.attention` on torch tensors, differentiably.
 
-    Takes the arguments and options of :func:`fastattn.attention`; any of them may
-    be a CPU tensor (or a NumPy array).  The results are tensors sharing memory
-    with fastattn's result arrays.  When grad mode is on and ``q``, ``k``, ``v``
-    or ``bias`` requires grad, the call runs through :class:`AttentionFunction`
-    and the output takes part in autograd (the weights and lse, when asked for,
-    are returned as constants: no gradient flows through them).
+    Takes the arguments and options of :func:`fastattn.attention`; any of them
+    may be a CPU tensor (or a NumPy array, or a plain value).  Tensors are read
+    in place through ``Tensor.numpy()`` (a view with the tensor's strides, no
+    copy), bfloat16 ones as an ``ml_dtypes.bfloat16`` view of the same memory.
+    The results are tensors sharing memory with fastattn's result arrays
+    (``torch.from_numpy``).  When grad mode is on and ``q``, ``k``, ``v`` or
+    ``bias`` is a tensor that requires grad, the call runs through
+    ``AttentionFunction``, a ``torch.autograd.Function``: fastattn's forward with
+    ``return_lse=True``, and :func:`fastattn.attention_backward` for the
+    backward, which gives the gradients of ``q``, ``k``, ``v`` and ``bias``
+    (summed back over broadcast dims).  The backward is not differentiable
+    itself (once differentiable).  Otherwise no autograd graph is recorded.
+
+    Parameters
+    ----------
+    q : torch.Tensor or array_like, shape (..., Lq, Dk)
+        Queries, as :func:`fastattn.attention`.
+    k : torch.Tensor or array_like, shape (..., Lk, Dk)
+        Keys, as :func:`fastattn.attention`.
+    v : torch.Tensor or array_like, shape (..., Lk, Dv)
+        Values, as :func:`fastattn.attention`.
+    **options
+        The keyword options of :func:`fastattn.attention` (``scale``,
+        ``causal``, ``mask``, ``bias``, ...), each a CPU tensor, a NumPy array
+        or a plain value.  ``out`` may be a tensor of the output's shape and
+        dtype: it is written in place and returned.  When a gradient is
+        needed, the options other than ``bias``, ``return_weights`` and
+        ``return_lse`` that are given (not None) must be ones that
+        :func:`fastattn.attention_backward` takes: ``out``, ``k_scale`` and
+        ``v_scale`` then raise TypeError.
+
+    Returns
+    -------
+    out : torch.Tensor, shape (..., Lq, Dv)
+        The attention output, in fastattn's output dtype (the ``out`` tensor
+        itself when one was given); the whole result when neither
+        ``return_weights`` nor ``return_lse`` is set, else the first item of
+        the tuple ``(out, weights, lse)`` holding the parts asked for, in that
+        order.  When a gradient is needed, it requires grad.
+    weights : torch.Tensor, shape (..., Lq, Lk)
+        Only with ``return_weights=True``: the weights.  No gradient flows
+        through them.
+    lse : torch.Tensor, shape (..., Lq)
+        Only with ``return_lse=True``: each row's log-sum-exp.  No gradient
+        flows through it.
 
     Raises
     ------
     TypeError
-        A tensor on a device other than the CPU, a bfloat16 tensor without
-        ml_dtypes installed, an
-        ``alibi_slopes`` tensor that requires grad (slopes take no gradient), or
-        ``out=`` where a gradient is needed (autograd cannot record it).
+        A tensor on a device other than the CPU, a tensor that is not dense
+        (strided), one whose dtype ``Tensor.numpy()`` cannot read, or a
+        bfloat16 tensor without ml_dtypes installed; an ``out`` tensor that
+        requires grad while grad mode is on.  When a gradient is needed:
+        ``out``, an ``alibi_slopes`` tensor that requires grad (slopes take no
+        gradient), or an option :func:`fastattn.attention_backward` does not
+        take.  And the TypeErrors of :func:`fastattn.attention`.
+    ValueError
+        As :func:`fastattn.attention`.
+
+    See Also
+    --------
+    fastattn.attention : The NumPy function this wraps.
+    fastattn.attention_backward : The gradients the backward computes.
+    fastattn.integrations.transformers.attention_forward : The transformers backend built on this.
 
     Examples
     --------
@@ -121,6 +171,14 @@ def attention(q, k, v, **options):
     >>> attention(q, k, v, causal=True).square().sum().backward()
     >>> k.grad.shape
     torch.Size([2, 2, 32, 64])
+
+    Without a gradient, the output can be written into a tensor:
+
+    >>> out = torch.empty(2, 8, 32, 64)
+    >>> with torch.no_grad():
+    ...     result = attention(q, k, v, causal=True, out=out)
+    >>> result is out
+    True
     """
     bias = options.get("bias")
     if _needs_grad(q, k, v, bias):

@@ -34,12 +34,30 @@ NAME = "fastattn"
 
 
 def register(name=NAME):
-    """Make ``attn_implementation=name`` (default ``"fastattn"``) available to every
-    transformers model that uses the attention interface.
+    """Make ``attn_implementation=name`` available to transformers models.
 
     Registers :func:`attention_forward` as the attention function and
-    transformers' sdpa mask builder as the mask function under ``name``.
-    Idempotent.
+    transformers' sdpa mask builder (``transformers.masking_utils.sdpa_mask``)
+    as the mask function under ``name``, in transformers' global
+    ``AttentionInterface`` and ``AttentionMaskInterface``, so that every model
+    that uses the attention interface accepts ``attn_implementation=name``
+    (``from_pretrained(..., attn_implementation=name)``,
+    ``model.set_attn_implementation(name)``).  Idempotent: registering a name
+    again stores the same functions under it.
+
+    Parameters
+    ----------
+    name : str, optional
+        The implementation's name.  Default ``"fastattn"`` (the module's ``NAME``).
+
+    Returns
+    -------
+    None
+        Nothing: the registration lasts for the process.
+
+    See Also
+    --------
+    attention_forward : The attention function registered.
 
     Examples
     --------
@@ -114,35 +132,97 @@ def mask_options(attention_mask, q_length, is_causal, sliding_window):
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                       is_causal=None, softcap=None, sliding_window=None, **kwargs):
-    """transformers' attention function for ``attn_implementation="fastattn"``.
+    """Attention function of transformers' ``attn_implementation="fastattn"``.
+
+    Called by the model's attention layers with what they pass to sdpa's
+    attention function, and returns what that function returns.  The
+    (B, H, L, D) tensors go to :func:`fastattn.integrations.torch.attention`
+    as they are (grouped key/value heads natively, no ``repeat_kv``), with
+    ``scale=scaling`` and ``softcap``.  The mask becomes fastattn options: with
+    no mask, ``causal="top_left"`` when ``Lq > 1`` and the layer is causal
+    (sdpa's rule), else none; a boolean mask is decomposed into the cheapest
+    options that reproduce it exactly (causal alignment, sliding window,
+    ``kv_lengths``, ``kv_start``, a per-key mask; the full mask only when
+    nothing else reproduces it), once per mask tensor object for the last few
+    masks; any other mask is added to the scores (``bias``).  A
+    ``position_bias`` keyword is added to the scores too, as sdpa does.  When
+    grad mode is on and ``query``, ``key``, ``value`` or the bias requires
+    grad, the call runs through autograd; otherwise fastattn writes the output
+    straight into a new (B, Lq, H, Dv) tensor of ``query``'s dtype.
 
     Parameters
     ----------
     module : torch.nn.Module
-        The attention layer (its ``is_causal`` is read when ``is_causal`` is None).
+        The attention layer.  Its ``is_causal`` attribute is read when
+        ``is_causal`` is None (True when it has none); nothing else of it is.
     query : torch.Tensor, shape (B, H, Lq, D)
-    key, value : torch.Tensor, shape (B, Hkv, Lk, D)
-        Hkv divides H (grouped-query attention is native).
+        The queries, a CPU tensor of float32, float64, float16 or bfloat16.
+    key : torch.Tensor, shape (B, Hkv, Lk, D)
+        The keys; ``Hkv`` divides ``H`` (grouped-query attention).
+    value : torch.Tensor, shape (B, Hkv, Lk, Dv)
+        The values.
     attention_mask : torch.Tensor or None
-        transformers' sdpa mask: boolean (B or 1, 1, Lq, Lk), True = may attend;
-        a float mask is added to the scores.
-    dropout : float
-        Must be 0.
+        The mask transformers built for sdpa: boolean, broadcastable to
+        (B, H, Lq, Lk), True where a query may attend to a key; or a float
+        mask, added to the scores; or None.
+    dropout : float, optional
+        Attention dropout probability.  Must be 0 (eval mode).
     scaling : float, optional
-        Score scale; default ``1 / sqrt(D)``.
+        Score scale.  Default ``1 / sqrt(D)``.
     is_causal : bool, optional
+        Whether the layer is causal; default ``module.is_causal``.  With no
+        mask it decides ``causal``; with a boolean mask it is only a hint for
+        the decomposition (the mask is what is computed); with a float mask
+        it is unused.
     softcap : float, optional
-        Gemma2's attention logit soft-capping.
+        Attention logit soft-capping (Gemma2's), as the ``softcap`` of
+        :func:`fastattn.attention`.
     sliding_window : int, optional
-        The layer's sliding window: a hint for the mask decomposition (the mask
-        itself is what is computed).
+        The layer's sliding window: a hint for the decomposition of a boolean
+        mask (the mask is what is computed).
     **kwargs
-        Ignored, as sdpa ignores them (position ids, cache flags).
+        ``position_bias`` (a tensor broadcastable to (B, H, Lq, Lk)) is added
+        to the scores; everything else is ignored, as sdpa ignores it
+        (position ids, cache flags, ...).
 
     Returns
     -------
-    (attn_output, None)
-        ``attn_output`` of shape (B, Lq, H, D), contiguous, in the query's dtype.
+    attn_output : torch.Tensor, shape (B, Lq, H, Dv)
+        The attention output, contiguous.
+    attn_weights : None
+        Always None: no weights are returned, as with sdpa.
+
+    Raises
+    ------
+    ValueError
+        ``dropout`` other than 0.  And the errors of
+        :func:`fastattn.integrations.torch.attention`.
+    TypeError
+        The errors of :func:`fastattn.integrations.torch.attention` (for
+        example a tensor on a GPU); without gradients, ``key`` or ``value``
+        whose dtype gives an output dtype other than ``query``'s.
+
+    See Also
+    --------
+    register : Make this function the ``"fastattn"`` attention implementation.
+    fastattn.integrations.torch.attention : The differentiable attention it calls.
+
+    Examples
+    --------
+    Called as an attention layer calls it; ``module`` is only asked for
+    ``is_causal``:
+
+    >>> import types, torch
+    >>> from fastattn.integrations.transformers import attention_forward
+    >>> layer = types.SimpleNamespace(is_causal=True)
+    >>> q = torch.randn(2, 4, 6, 8)                 # (B, H, Lq, D)
+    >>> k, v = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    >>> out, weights = attention_forward(layer, q, k, v, None)
+    >>> out.shape, weights
+    (torch.Size([2, 6, 4, 8]), None)
+    >>> ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    >>> torch.allclose(out, ref.transpose(1, 2), atol=1e-6)
+    True
     """
     if dropout:
         raise ValueError(f"fastattn computes attention without dropout, got dropout={dropout} "
