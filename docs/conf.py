@@ -12,7 +12,10 @@ package (``fastattn._kernels`` holds only sources).  Two ways to build:
   ``PYTHONPATH=. python -m sphinx -W -b html docs docs/_build/html``.
 
 ``-b doctest`` instead of ``-b html`` runs every ``>>>`` example of the pages
-and of the docstrings they include.
+and of the docstrings they include; the docstring examples of ``fastattn.dask``
+and ``fastattn.integrations`` need their packages (``pip install '.[test,docs,
+transformers]'`` and ``pip install torch==2.13.0``, as CI does), while the html
+build needs only ``.[docs]`` (they are mocked for autodoc when missing).
 """
 import os
 import sys
@@ -52,6 +55,12 @@ autosummary_generate = False
 autodoc_default_options = {"member-order": "bysource"}
 # the signatures are in the docstrings' Parameters sections; don't repeat type hints
 autodoc_typehints = "none"
+# the optional integrations' pages render without their packages (the [docs]
+# extra alone): what is not installed is mocked for autodoc; the doctests of
+# those pages skip (find_spec) rather than run against a mock
+from importlib.util import find_spec  # noqa: E402
+autodoc_mock_imports = [m for m in ("torch", "transformers", "dask", "distributed")
+                        if find_spec(m) is None]
 
 # --- numpydoc: every check of numpydoc's validator runs on each docstring the
 # pages render (parameters documented in order, Returns/Yields, See Also,
