@@ -254,3 +254,21 @@ def test_float_masks_and_position_bias_as_sdpa():
         want, _ = sdpa_attention_forward(module, q, k, v, mask, position_bias=position_bias, is_causal=False)
         got, _ = fa_hf.attention_forward(module, q, k, v, mask, position_bias=position_bias, is_causal=False)
         assert rms_rel_err(got.numpy(), want.numpy()) < 1e-5
+
+
+def test_broadcast_batches_and_mixed_dtypes_as_sdpa():
+    """Without gradients the result is still attention()'s own shape and dtype: a
+    query batch of 1 against 5 cached sequences, a float16 query with float32 keys."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    g = torch.Generator().manual_seed(4)
+    module = torch.nn.Module()
+    q = torch.randn(1, 2, 3, 16, generator=g)
+    k, v = (torch.randn(5, 2, 3, 16, generator=g) for _ in range(2))
+    want, _ = sdpa_attention_forward(module, q, k, v, None, is_causal=False)
+    got, _ = fa_hf.attention_forward(module, q, k, v, None, is_causal=False)
+    assert got.shape == want.shape == (5, 3, 2, 16)
+    assert rms_rel_err(got.numpy(), want.numpy()) < 1e-5
+    got, _ = fa_hf.attention_forward(module, q.half(), k[:1], v[:1], None, is_causal=False)
+    assert got.dtype == torch.float32      # np.result_type, as fastattn.attention
+    want, _ = sdpa_attention_forward(module, q.half().float(), k[:1], v[:1], None, is_causal=False)
+    assert rms_rel_err(got.numpy(), want.numpy()) < 1e-5

@@ -234,7 +234,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     position_bias = kwargs.get("position_bias")
     if position_bias is not None:   # added to the scores, as sdpa does (with a float mask: both)
         options["bias"] = position_bias if "bias" not in options else options["bias"] + position_bias
-    if torch_integration._needs_grad(query, key, value, options.get("bias")):
+    plain = (key.shape[0] == value.shape[0] == B and query.dtype == key.dtype == value.dtype
+             and all(x.shape[0] == B for x in (options.get("mask"), options.get("bias"))
+                     if isinstance(x, torch.Tensor) and x.dim() == 4))
+    if not plain or torch_integration._needs_grad(query, key, value, options.get("bias")):
+        # gradients, broadcast batches or mixed dtypes: the result's own shape and dtype
         out = torch_integration.attention(query, key, value, **options)
         return out.transpose(1, 2).contiguous(), None
     # written straight into the (B, Lq, H, Dv) layout transformers wants next
