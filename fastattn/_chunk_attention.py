@@ -91,12 +91,14 @@ def batch_shape(q, k, v):
     return np.broadcast_shapes(qb, kb, vb)
 
 
-def check_lengths(lengths, Lk):
-    """kv_lengths values must lie in [0, Lk] (the in-memory message)."""
+def check_lengths(lengths, Lk, name="kv_lengths"):
+    """kv_lengths (kv_start) values must lie in [0, Lk] (the in-memory message);
+    returns the table."""
     if lengths is not None and lengths.size:
         lo, hi = int(lengths.min()), int(lengths.max())
         if lo < 0 or hi > Lk:
-            raise ValueError(f"kv_lengths must lie in [0, Lk={Lk}], got values in [{lo}, {hi}]")
+            raise ValueError(f"{name} must lie in [0, Lk={Lk}], got values in [{lo}, {hi}]")
+    return lengths
 
 
 # --------------------------------------------------------------- result pieces

@@ -299,17 +299,19 @@ def _final_weights(part, merged, odt):
 
 # --------------------------------------------------------------- attention
 
-def _scaled(x, scale, name, xname):
-    """An integer (int8) k or v times its k_scale / v_scale, lazily: every chunk's
-    values are what fastattn.attention reads (x.astype(float32) * scale).  The
-    scale's checks are the in-memory ones, on stand-ins."""
+def _scaled(x, scale, name, xname, cdt):
+    """An integer (int8) k or v times its k_scale / v_scale, lazily, in the call's
+    compute dtype cdt: every chunk's values are what fastattn.attention reads
+    (x.astype(cdt) * scale.astype(cdt); a float64 scale, a Python float included,
+    does not change the result's dtype, as in memory).  The scale's checks are
+    the in-memory ones, on stand-ins."""
     if scale is None:
         return x
     scale = scale if isinstance(scale, da.Array) else np.asarray(scale)
     stand_k = np.broadcast_to(np.zeros((), x.dtype), x.shape)
     _api.attention(np.zeros(x.shape[:-2] + (0, x.shape[-1]), np.float32), stand_k, stand_k,
                    **{name: _stand_in(scale)})
-    return x.astype(np.float32) * scale
+    return x.astype(cdt) * scale.astype(cdt)
 
 
 def _per_sequence(x, bshape):
@@ -326,7 +328,12 @@ def _start_mask(kv_start, bshape, Lk):
     """kv_start as a boolean per-key mask (..., 1, Lk) of the batch dims (keys j <
     kv_start invisible), lazy when kv_start is; a 1-D table is one value per
     sequence (the leading batch dim), as in memory."""
-    ks = _per_sequence(kv_start if isinstance(kv_start, da.Array) else np.asarray(kv_start), bshape)
+    if isinstance(kv_start, da.Array):
+        # lazy values are checked where they are computed (the in-memory error)
+        ks = kv_start.map_blocks(check_lengths, Lk, "kv_start", dtype=kv_start.dtype)
+    else:
+        ks = np.asarray(kv_start)
+    ks = _per_sequence(ks, bshape)
     keys = da.arange(Lk, chunks=Lk) if isinstance(ks, da.Array) else np.arange(Lk)
     return keys >= ks[..., None, None]
 
@@ -382,8 +389,8 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     kv_start : dask.array.Array or array_like of int, broadcastable to the batch dims, optional
         As :func:`fastattn.attention`, applied as a per-key boolean mask
         (intersected with ``mask``), so the keys it hides are not pruned.  A
-        NumPy table is checked when the graph is built; of a Dask table only
-        the dtype and shape are checked (its values' range is not).
+        NumPy table is checked when the graph is built; a Dask table's dtype
+        and shape then, its values' range when it is computed.
     align : {"top_left", "bottom_right"}, optional
         As :func:`fastattn.attention`.
     softcap : float, optional
@@ -392,10 +399,9 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         As :func:`fastattn.attention`.
     k_scale : dask.array.Array or array_like, optional
         Scale of an integer ``k``, checked as by :func:`fastattn.attention`;
-        the tasks see the keys ``k.astype(float32) * k_scale``, computed
-        lazily, chunk by chunk.  A scale that is not a Dask array is first
-        converted with ``np.asarray``: a Python float becomes a float64 array,
-        which makes the keys, and then the output, float64.
+        the tasks see the keys ``k * k_scale`` in the call's compute dtype
+        (float32 unless an input is float64), computed lazily, chunk by chunk.
+        The scale's own dtype does not change the result's, as in memory.
     v_scale : dask.array.Array or array_like, optional
         The same for an integer ``v``.
     return_weights : bool, optional
@@ -461,8 +467,9 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
                         "(write it with dask.array.store(result, out))")
     q, k, v = _as_dask(q, "q"), _as_dask(k, "k"), _as_dask(v, "v")
     _check_shapes(q, k, v)
-    k = _scaled(k, k_scale, "k_scale", "k")
-    v = _scaled(v, v_scale, "v_scale", "v")
+    cdt = _api._compute_dtype(q.dtype, k.dtype, v.dtype)
+    k = _scaled(k, k_scale, "k_scale", "k", cdt)
+    v = _scaled(v, v_scale, "v_scale", "v", cdt)
     Lq, Dk = q.shape[-2:]
     Lk, Dv = v.shape[-2:]
     options = dict(scale=scale, causal=causal, window=window, softcap=softcap, align=align,

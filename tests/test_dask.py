@@ -347,6 +347,24 @@ def test_lazy_kv_lengths_out_of_range_fail_at_compute():
         lazy.compute(scheduler="synchronous")
 
 
+def test_lazy_kv_start_out_of_range_fails_at_compute():
+    q = da.zeros((2, 8, 4), chunks=(1, 4, 4))
+    for bad in ([3, 9], [-1, 2]):
+        lazy = fdask.attention(q, q, q, kv_start=da.from_array(np.array(bad), chunks=1))
+        with pytest.raises(ValueError, match=r"kv_start must lie in \[0, Lk=8\]"):
+            lazy.compute(scheduler="synchronous")
+
+
+def test_python_float_scales_keep_the_float32_result():
+    rng = np.random.default_rng(12)
+    q = rng.standard_normal((2, 4, 8), dtype=np.float32)
+    k = rng.integers(-127, 128, (2, 16, 8), dtype=np.int8)
+    want = fastattn.attention(q, k, k, k_scale=0.02, v_scale=0.03)
+    got = fdask.attention(q, da.from_array(k, chunks=(1, 8, 8)), k, k_scale=0.02, v_scale=0.03).compute()
+    assert got.dtype == want.dtype == np.float32
+    _check(got, want)
+
+
 def test_public_functions_return_lazy_results_for_dask_arrays():
     def boom():
         raise AssertionError("computed")
