@@ -5,7 +5,6 @@ long call) and the team abandons the remaining units; the call raises, so no
 half-written result is returned.  A child process runs the long call and the
 test sends it SIGINT.
 """
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,8 @@ import textwrap
 import time
 
 import pytest
+
+from fa_testutil import child_process_env
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
 
@@ -46,9 +47,9 @@ CHILD = textwrap.dedent("""
 
 
 def _interrupt(which, threads):
-    env = dict(os.environ)
+    env, cwd = child_process_env()
     p = subprocess.Popen([sys.executable, "-c", CHILD, which, str(threads)], stdout=subprocess.PIPE,
-                         text=True, env=env)
+                         text=True, env=env, cwd=cwd)
     try:
         assert p.stdout.readline().strip() == "ready"
         time.sleep(0.5)

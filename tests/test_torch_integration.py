@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from fa_testutil import assert_close, reference
+from fa_testutil import assert_close, child_process_env, reference
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -289,7 +289,8 @@ def test_numpy_calls_do_not_import_torch():
         fastattn.softmax(q, axis=0)
         assert "torch" not in sys.modules, "torch was imported"
     """)
-    subprocess.run([sys.executable, "-c", code], check=True)
+    env, cwd = child_process_env()
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=cwd)
 
 
 # ------------------------------------------------------------------ autograd
