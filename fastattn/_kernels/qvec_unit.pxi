@@ -343,7 +343,9 @@ cdef void qvec_tile_source(const Plan *P, Workspace *ws, const QvecUnit *U, Tile
     cdef int64_t kbo = batch_offset(P, &P.k, U.b), vbo = batch_offset(P, &P.v, U.b)
     cdef int64_t ldk = round_up(P.Dk if P.Dk > 0 else 1, W), ldv = round_up(P.Dv if P.Dv > 0 else 1, W)
     T.vnf = 0
-    if P.k.store == native:
+    # (paged keys and values: widened -- copied -- into the workspace run by run,
+    # so the kernels see one tile)
+    if P.k.store == native and P.pages == NULL:
         T.k = stored_at(&P.k, kbo + t0 * P.k.sr)
         T.ksr = P.k.sr
         T.ksc = P.k.sc
@@ -356,7 +358,7 @@ cdef void qvec_tile_source(const Plan *P, Workspace *ws, const QvecUnit *U, Tile
     T.kstore = native
     if not U.need_pv:
         return
-    if P.v.store == native:
+    if P.v.store == native and P.pages == NULL:
         T.v = stored_at(&P.v, vbo + t0 * P.v.sr)
         T.vsr = P.v.sr
         T.vsc = P.v.sc
