@@ -264,10 +264,11 @@ def test_paged_against_the_reference(bs, lq, g, rng):
             assert_close(got, want, TOL[dtype])
 
 
-@pytest.mark.parametrize("bs", [1, 7, 16, 64])
+@pytest.mark.parametrize("bs", [1, 7, 16, 64, 256])
 def test_paged_mixed_prefill_and_decode_with_cu_seqlens_q(bs, rng):
     """Packed queries: prefill chunks, decode steps, a sequence without queries (and
-    without keys), queries of the query-vectorised path."""
+    without keys), queries of the query-vectorised path (its tiles copied, read
+    in place run by run, or lying in one block)."""
     nq = np.array([1, 0, 37, 1, 130, 0, 5])
     lens = np.array([900, 0, 37, 64, 200, 11, 5])
     kc, vc, table = paged_cache(rng, lens, bs, 2, 32, 32)
@@ -280,6 +281,38 @@ def test_paged_mixed_prefill_and_decode_with_cu_seqlens_q(bs, rng):
                                        cu_seqlens_q=cu, **kw)
         want = R.attention_paged(q, kc, vc, table, lens, cu_seqlens_q=cu, **kw)
         assert_close(got, want, 2e-5)
+
+
+def test_paged_heads_in_lockstep_are_the_separate_heads(rng):
+    """Decode reads the key/value heads of a block together (paged_heads.pxi): the
+    same bits as one call per head."""
+    for g, lq in ((1, 1), (4, 1), (2, 3)):
+        lens = np.array([900, 17, 400, 5])
+        kc, vc, table = paged_cache(rng, lens, 16, 8, 64, 64, np.float32)
+        q = rng.standard_normal((4, 8 * g, lq, 64)).astype(np.float32)
+        for kw in ({"causal": "bottom_right"}, {"softcap": 2.0, "window": (100, 0), "causal": "bottom_right"}):
+            whole = fastattn.attention_paged(q, kc, vc, table, lens, **kw)
+            heads = [fastattn.attention_paged(q[:, h * g:(h + 1) * g], kc[:, h:h + 1], vc[:, h:h + 1], table, lens,
+                                              **kw) for h in range(8)]
+            np.testing.assert_array_equal(whole, np.concatenate(heads, axis=1))
+
+
+@pytest.mark.parametrize("bs", [16, 64])
+def test_paged_inf_and_nan_in_visible_values(bs, rng):
+    """An inf or NaN in a value a row sees reaches that row (and only the rows that
+    see it), on every path: heads in lockstep, copied and in-place tiles."""
+    for lq, g in ((1, 4), (40, 2)):
+        lens = np.array([300, lq + 20])
+        kc, vc, table = paged_cache(rng, lens, bs, 2, 32, 32)
+        slot = table[0, 250 // bs], 1, 250 % bs
+        vc[slot + (3,)] = np.inf
+        vc[slot + (5,)] = np.nan
+        q = rng.standard_normal((2, 2 * g, lq, 32))
+        for dt in (F32, F64):
+            got = fastattn.attention_paged(q.astype(dt), kc.astype(dt), vc.astype(dt), table, lens, causal="bottom_right")
+            want = R.attention_paged(q, kc, vc, table, lens, causal="bottom_right")
+            assert np.isnan(want).any() and np.isfinite(want[1]).all()
+            assert rel_rms(got, want) <= TOL[dt]
 
 
 def test_paged_equals_contiguous_attention_on_the_gathered_cache(rng):

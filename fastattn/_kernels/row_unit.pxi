@@ -85,6 +85,7 @@ cdef struct RowUnit:
     int few                    # at most FEW_MAX_ROWS rows: the few-rows kernels
     int k_in_place, v_in_place # keys / values read where they are stored (no packing)
     int fuse                   # each tile's P.V pass also computes the next tile's scores
+    int lockstep               # driven tile by tile beside the other heads of a paged block (paged_heads.pxi)
     int need_pv                # a pass that accumulates P.V (all but MODE_STATS)
     int needs_options          # softcap, bias, ALiBi or a mask
     char *s                    # this tile's scores, BLOCK_K apart
@@ -123,7 +124,7 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
     # rows: alternating chunks of FUSE_CHUNK keys, see pv_qk_chunks).  Bit-
     # identical to the separate passes.  The next scores go to rows past the
     # unit's own in the score buffer (FEW_MAX_ROWS of them are reserved).
-    U.fuse = U.few and U.k_in_place and U.v_in_place and U.need_pv and P.k.store == P.v.store
+    U.fuse = U.few and U.k_in_place and U.v_in_place and U.need_pv and P.k.store == P.v.store and not U.lockstep
     U.s = <char *>s
     U.s2 = <char *>(s + rows_alloc(nr) * BLOCK_K)
 
@@ -412,6 +413,7 @@ cdef void run_row_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int6
     U.kb = kb
     U.ke = ke
     U.mode = mode
+    U.lockstep = 0
     row_unit_begin(P, ws, &U, stats)
     t0 = U.lo_all
     while t0 < U.hi_all:

@@ -28,9 +28,10 @@ cdef struct Seqs:
 
 
 cdef struct WorkItem:
-    # one unit: rows r0..r0+nr-1 of key/value head b of sequence s against keys [kb, ke)
-    int64_t s, b, r0, nr, kb, ke
+    # one unit: rows r0..r0+nr-1 of key/value heads b..b+nh-1 of sequence s against keys [kb, ke)
+    int64_t s, b, nh, r0, nr, kb, ke
     int64_t part               # a key split: its first row in the partial results; -1: a whole unit
+    int64_t hstride            # ... and head b + h's, hstride rows on (nh > 1: paged heads in lockstep)
     int qvec                   # the query-vectorised unit (else the row-major one)
     double cost                # the schedule's estimate (rows x keys) ...
     double seq_cost            # ... and that of the unit's sequence
@@ -46,6 +47,7 @@ cdef struct VarThread:
     Plan V
     Workspace *wsr             # row-major units
     Workspace *wsq             # query-vectorised units
+    Workspace *wsh[HEADS_LOCKSTEP]  # the units of paged heads in lockstep
 
 
 cdef inline void seq_view(const Plan *P, const Seqs *Q, Plan *V, int64_t s) noexcept nogil:
@@ -118,8 +120,16 @@ cdef int run_item(const Plan *P, const Seqs *Q, VarThread *ts, const WorkItem *i
     cdef floating *o = po + it.part * P.Dv if it.part >= 0 else NULL
     cdef floating *m = pm + it.part if it.part >= 0 else NULL
     cdef double *l = pl + it.part if it.part >= 0 else NULL
+    cdef int64_t h
     seq_view(P, Q, V, it.s)
-    if it.qvec:
+    if it.nh > 1:
+        for h in range(it.nh):
+            if ts.wsh[h] == NULL:
+                ts.wsh[h] = workspace_new(V, FEW_MAX_ROWS, sizeof(floating), 0)
+                if ts.wsh[h] == NULL:
+                    return -1
+        run_paged_heads(V, ts.wsh, it.b, it.nh, it.nr, it.kb, it.ke, mode, o, m, l, it.hstride)
+    elif it.qvec:
         if ts.wsq == NULL:
             ts.wsq = workspace_new(V, BLOCK_Q_QVEC, sizeof(floating), 1)
             if ts.wsq == NULL:
@@ -136,31 +146,39 @@ cdef int run_item(const Plan *P, const Seqs *Q, VarThread *ts, const WorkItem *i
 
 cdef VarThread *var_thread_new(const Plan *P) noexcept nogil:
     cdef VarThread *ts = <VarThread *>fa_alloc(sizeof(VarThread))
+    cdef int h
     if ts != NULL:
         ts.V = P[0]
         ts.wsr = NULL
         ts.wsq = NULL
+        for h in range(HEADS_LOCKSTEP):
+            ts.wsh[h] = NULL
     return ts
 
 
 cdef void var_thread_delete(VarThread *ts) noexcept nogil:
+    cdef int h
     if ts != NULL:
         workspace_delete(ts.wsr)
         workspace_delete(ts.wsq)
+        for h in range(HEADS_LOCKSTEP):
+            workspace_delete(ts.wsh[h])
         fa_free(ts)
 
 
 cdef int64_t work_list(const Plan *P, const Seqs *Q, size_t item, WorkItem *items, MergeItem *merges,
                        int64_t *nmerge, int64_t *nparts) noexcept nogil:
     """The units of a call (items, merges NULL: only count them): per sequence
-    with queries, per key/value head, blocks of query rows (BLOCK_Q_QVEC on
-    the query-vectorised path, BLOCK_Q on the row-major one), a unit split over
-    its keys when it costs more than 1 / SPLIT_TARGET of the whole call (at
-    least SPLIT_MIN_KEYS(_QVEC) keys per split).  Returns the number of items;
-    nmerge / nparts: the split units and their partial-result rows."""
+    with queries, per key/value head (paged decode: per group of up to
+    HEADS_LOCKSTEP heads, lockstep_heads), blocks of query rows (BLOCK_Q_QVEC
+    on the query-vectorised path, BLOCK_Q on the row-major one); a unit split
+    over its keys when it costs more than 1 / SPLIT_TARGET of the whole call
+    (at least SPLIT_MIN_KEYS(_QVEC) keys per split).  Returns the number of
+    items; nmerge / nparts: the split units (per head) and their partial-result
+    rows."""
     cdef Plan V = P[0]
     cdef int64_t W = FA_VBYTES // <int64_t>item
-    cdef int64_t s, b, blk, nblk, bq, r0, nr, lo, hi, nsplit, chunk, sp, min_keys, n = 0, lanes
+    cdef int64_t s, b, h, nh, group, blk, nblk, bq, r0, nr, lo, hi, nsplit, chunk, sp, min_keys, n = 0, lanes
     cdef double total = 0, c, target, seq_cost
     cdef int qvec
     # the whole call's cost first: each unit's share of it decides its splits
@@ -186,6 +204,7 @@ cdef int64_t work_list(const Plan *P, const Seqs *Q, size_t item, WorkItem *item
         qvec = use_qvec_path(V.nrows, item)
         bq = BLOCK_Q_QVEC if qvec else BLOCK_Q
         min_keys = SPLIT_MIN_KEYS_QVEC if qvec else SPLIT_MIN_KEYS
+        group = HEADS_LOCKSTEP if not qvec and lockstep_heads(&V, V.nrows, item) else 1
         nblk = (V.nrows + bq - 1) // bq
         seq_cost = 0
         for blk in range(nblk):
@@ -196,34 +215,39 @@ cdef int64_t work_list(const Plan *P, const Seqs *Q, size_t item, WorkItem *item
             r0 = blk * bq
             nr = min(bq, V.nrows - r0)
             lanes = round_up(nr, W) if qvec else nr
-            c = unit_cost(&V, r0, nr, lanes, &lo, &hi)
-            nsplit = 1
-            if c > target and hi - lo >= 2 * min_keys:
-                nsplit = <int64_t>(c / target) + 1
-                nsplit = min(nsplit, min((hi - lo) // min_keys, <int64_t>SPLIT_TARGET))
-                chunk = round_up((hi - lo + nsplit - 1) // nsplit, BLOCK_K)
-                nsplit = (hi - lo + chunk - 1) // chunk
-            for b in range(P.nbatch):
-                if nsplit == 1:
-                    if items != NULL:
-                        items[n].s, items[n].b, items[n].r0, items[n].nr = s, b, r0, nr
-                        items[n].kb, items[n].ke, items[n].part = 0, V.Lk, -1
-                        items[n].qvec, items[n].cost, items[n].seq_cost = qvec, c, seq_cost
-                    n += 1
-                    continue
-                if merges != NULL:
-                    merges[nmerge[0]].s, merges[nmerge[0]].b, merges[nmerge[0]].r0 = s, b, r0
-                    merges[nmerge[0]].nr, merges[nmerge[0]].nsplit, merges[nmerge[0]].part = nr, nsplit, nparts[0]
+            b = 0
+            while b < P.nbatch:
+                nh = min(group, P.nbatch - b)
+                c = nh * unit_cost(&V, r0, nr, lanes, &lo, &hi)
+                nsplit = 1
+                if c > target and hi - lo >= 2 * min_keys:
+                    nsplit = <int64_t>(c / target) + 1
+                    nsplit = min(nsplit, min((hi - lo) // min_keys, <int64_t>SPLIT_TARGET))
+                    chunk = round_up((hi - lo + nsplit - 1) // nsplit, BLOCK_K)
+                    nsplit = (hi - lo + chunk - 1) // chunk
                 for sp in range(nsplit):
                     if items != NULL:
-                        items[n].s, items[n].b, items[n].r0, items[n].nr = s, b, r0, nr
-                        items[n].kb = lo + sp * chunk
-                        items[n].ke = min(hi, lo + (sp + 1) * chunk)
-                        items[n].part = nparts[0] + sp * nr
+                        items[n].s, items[n].b, items[n].nh, items[n].r0, items[n].nr = s, b, nh, r0, nr
                         items[n].qvec, items[n].cost, items[n].seq_cost = qvec, c / nsplit, seq_cost
+                        if nsplit == 1:
+                            items[n].kb, items[n].ke, items[n].part, items[n].hstride = 0, V.Lk, -1, 0
+                        else:
+                            items[n].kb = lo + sp * chunk
+                            items[n].ke = min(hi, lo + (sp + 1) * chunk)
+                            items[n].part = nparts[0] + sp * nr
+                            items[n].hstride = nsplit * nr
                     n += 1
-                nmerge[0] += 1
-                nparts[0] += nsplit * nr
+                if nsplit == 1:
+                    b += nh
+                    continue
+                for h in range(nh):
+                    if merges != NULL:
+                        merges[nmerge[0]].s, merges[nmerge[0]].b, merges[nmerge[0]].r0 = s, b + h, r0
+                        merges[nmerge[0]].nr, merges[nmerge[0]].nsplit = nr, nsplit
+                        merges[nmerge[0]].part = nparts[0] + h * nsplit * nr
+                    nmerge[0] += 1
+                nparts[0] += nh * nsplit * nr
+                b += nh
     return n
 
 
