@@ -66,22 +66,23 @@ cdef inline void seq_view(const Plan *P, const Seqs *Q, Plan *V, int64_t s) noex
 
 
 cdef double unit_cost(const Plan *V, int64_t r0, int64_t nr, int64_t lanes, int64_t *lo, int64_t *hi) noexcept nogil:
-    """Rows r0..r0+nr-1 of a sequence's plan V: the keys [lo, hi) any of them
-    sees, and the unit's estimated cost, lanes / nr x (visible keys + a fixed
-    part per row)."""
-    cdef int64_t i, pos, l, h, seen = 0
-    lo[0] = V.Lk
-    hi[0] = 0
-    for i in range(r0, r0 + nr):
-        pos = i % V.Lq
-        key_range(V, row_diag(V, pos, V.Lk), 0, V.Lk, &l, &h)
-        if h > l:
-            seen += h - l
-            lo[0] = min(lo[0], l)
-            hi[0] = max(hi[0], h)
-    if hi[0] < lo[0]:
-        hi[0] = lo[0]
-    return <double>lanes / <double>nr * <double>(seen + 32 * nr)
+    """Rows r0..r0+nr-1 of a sequence's plan V: keys [lo, hi) holding every key
+    any of them sees, and the unit's estimated cost, lanes x (visible keys + a
+    fixed part), in O(1): causal and window ranges only move forward with the
+    position (a row's first and last key never decrease), so the first and last
+    positions bound them (rows of several query-head groups: the sequence's)."""
+    cdef int64_t g0 = r0 // V.Lq, g1 = (r0 + nr - 1) // V.Lq, p0, p1, l0, h0, l1, h1
+    if g0 == g1:
+        p0 = r0 - g0 * V.Lq
+        p1 = r0 + nr - 1 - g0 * V.Lq
+    else:
+        p0 = 0
+        p1 = V.Lq - 1
+    key_range(V, row_diag(V, p0, V.Lk), 0, V.Lk, &l0, &h0)
+    key_range(V, row_diag(V, p1, V.Lk), 0, V.Lk, &l1, &h1)
+    lo[0] = l0
+    hi[0] = h1 if h1 > l0 else l0
+    return <double>lanes * (0.5 * <double>((h0 - l0) + (h1 - l1)) + 32)
 
 
 cdef int cmp_cost(const void *a, const void *b) noexcept nogil:
