@@ -1123,7 +1123,7 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     kc = _kv_scaled(kc, k_raw, k_scale, "k_scale", "k_cache")
     vc = _kv_scaled(vc, v_raw, v_scale, "v_scale", "v_cache")
     _check_options(scale, causal, window, softcap, alibi_slopes, q.shape[-1], hq)
-    qp = q if packed else np.moveaxis(q, 0, 1).reshape(hq, -1, q.shape[-1])     # (Hq, total_q, Dk)
+    qp = q if packed else np.moveaxis(q, 0, 1).reshape(hq, n_seq * q.shape[2], q.shape[-1])   # (Hq, total_q, Dk)
     out = np.zeros(qp.shape[:2] + (vc.shape[3],))
     lse = np.full(qp.shape[:2], -np.inf)
     for s in range(n_seq):
@@ -1131,11 +1131,11 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
         if a == b:
             continue
         blocks = table[s, :-(-lens[s] // bs)]
-        ks = np.moveaxis(kc[blocks], 0, 1).reshape(hkv, -1, kc.shape[3])[:, :lens[s]]
-        vs = np.moveaxis(vc[blocks], 0, 1).reshape(hkv, -1, vc.shape[3])[:, :lens[s]]
+        ks = np.moveaxis(kc[blocks], 0, 1).reshape(hkv, blocks.size * bs, kc.shape[3])[:, :lens[s]]
+        vs = np.moveaxis(vc[blocks], 0, 1).reshape(hkv, blocks.size * bs, vc.shape[3])[:, :lens[s]]
         out[:, a:b], lse[:, a:b] = attention(qp[:, a:b], ks, vs, scale=scale, causal=causal, window=window,
                                              softcap=softcap, alibi_slopes=alibi_slopes, return_lse=True)
     if not packed:
-        out = np.moveaxis(out.reshape(hq, n_seq, -1, out.shape[-1]), 1, 0)
-        lse = np.moveaxis(lse.reshape(hq, n_seq, -1), 1, 0)
+        out = np.moveaxis(out.reshape(hq, n_seq, q.shape[2], out.shape[-1]), 1, 0)
+        lse = np.moveaxis(lse.reshape(hq, n_seq, q.shape[2]), 1, 0)
     return (out, lse) if return_lse else out

@@ -199,6 +199,42 @@ def test_varlen_storage_types(rng):
     assert rel_rms(got, R.attention_varlen(q / 50, k8, v8, cq, ck)) <= 1e-5
 
 
+def test_empty_and_degenerate_batches(rng):
+    """No sequences, sequences without queries, head dims 0, no heads, an empty
+    cache, negative strides, integer tables of other widths."""
+    z = np.zeros
+    cases = [
+        (fastattn.attention_varlen, R.attention_varlen, (z((4, 0, 8)), z((2, 0, 8)), z((2, 0, 5)), [0]), {}),
+        (fastattn.attention_varlen, R.attention_varlen, (z((4, 0, 8)), np.ones((2, 3, 8)), np.ones((2, 3, 5)),
+                                                         [0, 0, 0], [0, 1, 3]), {}),
+        (fastattn.attention_varlen, R.attention_varlen, (rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 7, 8)),
+                                                         z((2, 7, 0)), [0, 2, 5], [0, 3, 7]), {}),
+        (fastattn.attention_varlen, R.attention_varlen, (z((2, 5, 0)), z((2, 7, 0)), rng.standard_normal((2, 7, 3)),
+                                                         np.array([0, 2, 5], np.uint32), np.array([0, 3, 7], np.int16)),
+         {}),
+        (fastattn.attention_varlen, R.attention_varlen, (z((0, 5, 4)), z((0, 7, 4)), z((0, 7, 3)), [0, 5], [0, 7]), {}),
+        (fastattn.attention_paged, R.attention_paged, (z((0, 4, 1, 8)), np.ones((3, 2, 4, 8)), np.ones((3, 2, 4, 8)),
+                                                       z((0, 2), int), z(0, int)), {}),
+        (fastattn.attention_paged, R.attention_paged, (z((2, 4, 0, 8)), np.ones((3, 2, 4, 8)), np.ones((3, 2, 4, 8)),
+                                                       np.full((2, 2), -7), np.array([0, 0])), {}),
+        (fastattn.attention_paged, R.attention_paged, (z((4, 0, 8), np.float32), z((0, 2, 4, 8), np.int8),
+                                                       z((0, 2, 4, 8), np.int8), z((2, 1), np.int32), [0, 0]),
+         dict(cu_seqlens_q=[0, 0, 0], k_scale=np.float32(1), v_scale=np.ones((2, 1, 8), np.float32))),
+    ]
+    kc, vc = rng.standard_normal((2, 6, 2, 4, 8))
+    q = rng.standard_normal((2, 4, 2, 8))
+    cases.append((fastattn.attention_paged, R.attention_paged,
+                  (q, kc[::-1, ::-1, ::-1], vc[::-1], np.array([[0, 1, 2], [5, 4, 3]], np.int32), [9, 12]),
+                  dict(causal="bottom_right")))
+    q, k, v = (rng.standard_normal((2, 9, 8)) for _ in range(3))
+    cases.append((fastattn.attention_varlen, R.attention_varlen, (q[::-1, ::-2], k[::-1, ::-2], v[:, ::-2], [0, 2, 5]),
+                  dict(causal=True)))
+    for fa, ref, args, kw in cases:
+        got = fa(*args, return_lse=True, **kw)
+        want = ref(*args, return_lse=True, **kw)
+        assert_close(got, want, 2e-5)
+
+
 def test_varlen_errors_name_the_argument_and_touch_nothing(rng):
     q, k, v, cq, ck = packed(rng, [3, 2], [4, 5], 4, 2, 8, 8)
     out = np.full((4, 5, 8), 3.0, np.float32)

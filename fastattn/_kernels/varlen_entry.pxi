@@ -158,7 +158,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, ca
         va = stored_operand(va, ctype, True)
     plan_init(&P, qa, ka, va, res)
     plan_options(&P, None, None, None, slt, None, lse)
-    starts, kstarts = cuq[:-1], cuk[:-1]
+    starts, kstarts = cuq[:cuq.shape[0] - 1], cuk[:cuk.shape[0] - 1]
     fill_seqs(&Q, keep, int64s(np.diff(cuq)), int64s(np.diff(cuk)), int64s(starts * P.q.sr),
               int64s(starts * P.o.sr), int64s(starts * (P.lse.sr if lse is not None else 0)),
               int64s(kstarts * P.k.sr), int64s(kstarts * P.v.sr))
@@ -320,7 +320,7 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
         plan_paged_scale(&P, &P.vs, v_scale, va, vkind, keep)
         P.vscale = vkind
     if packed:
-        starts = cuq[:-1]
+        starts = cuq[:S]
         qo, oo, lo = starts * P.q.sr, starts * P.o.sr, starts * (P.lse.sr if lse is not None else 0)
     else:
         idx = np.arange(S, dtype=np.int64)
