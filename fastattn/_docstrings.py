@@ -590,9 +590,12 @@ ATTENTION_PAGED = """Attention against paged key/value caches (block tables), re
 The keys and values of each sequence lie in fixed-size blocks of a shared
 cache: key ``j`` of sequence ``s`` is slot ``j % block_size`` of block
 ``block_table[s, j // block_size]``.  The kernels read the blocks where they
-are, one run of slots at a time (nothing is gathered into a contiguous copy),
-for decode steps (one or a few new tokens per sequence) and chunked prefill
-alike, with every option of :func:`attention`.  Defined by
+are through the table, for decode steps (one or a few new tokens per
+sequence) and chunked prefill alike, with every option of :func:`attention`:
+nothing is gathered into a contiguous cache.  A decode step reads each run of
+slots for all key/value heads of a block in turn (one stretch of memory per
+block); many query rows against small blocks stage each tile of keys in a
+per-thread buffer, as the kernels do for half-precision caches.  Defined by
 :func:`fastattn.reference.attention_paged`.
 
 Parameters
