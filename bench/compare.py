@@ -41,7 +41,8 @@ def _load_harness():
 
 
 H = _load_harness()
-CASES = H.STANDARD_CASES + H.EXTRA_CASES + H.STORAGE_CASES + H.ACCURACY_CASES + H.BACKWARD_CASES
+CASES = (H.STANDARD_CASES + H.EXTRA_CASES + H.STORAGE_CASES + H.ACCURACY_CASES + H.BACKWARD_CASES
+         + H.SERVING_CASES)
 CASE_IDS = [c["id"] for c in CASES]
 
 
@@ -69,6 +70,8 @@ def machine_info():
 
 
 def libraries_for(case, skip_numpy):
+    if case["kind"] in H.SERVING_KINDS:     # fastattn's baselines are cases of their own
+        return ["fastattn"] if case.get("no_torch") else ["fastattn", "torch"]
     libs = list(H.SOFTMAX_LIBS if case["kind"] == "softmax" else H.ATTENTION_LIBS)
     if skip_numpy and "numpy" in libs:
         libs.remove("numpy")
@@ -76,6 +79,8 @@ def libraries_for(case, skip_numpy):
 
 
 def numpy_skip_reason(case, args):
+    if case["kind"] in H.SERVING_KINDS:
+        return "numpy skipped: a serving case (compared with fastattn's own baseline and torch)"
     if case["kind"] != "attention":
         return None
     if case.get("kv_dtype"):
@@ -94,6 +99,9 @@ def log(msg):
 
 def run(args):
     cases = [c for c in CASES if (c["id"] in args.cases if args.cases else not c.get("extra") or args.extra)]
+    # a serving case's baseline runs with it
+    wanted = {c["id"] for c in cases} | {c["baseline"] for c in cases if c.get("baseline")}
+    cases = [c for c in CASES if c["id"] in wanted]
     # The fastattn children import the in-place build of this checkout unless
     # --installed asks for the one on sys.path.
     path = () if args.installed else (REPO,)
@@ -208,7 +216,7 @@ def summarize(results):
                "rms_err": {lib: _median_of(rs, "rms_err") for lib, rs in runs.items()}}
         row["paired"] = _paired_ratio(runs.get("torch"), runs.get("fastattn"))
         fa = t.get("fastattn")
-        if case["kind"] == "attention":
+        if case["kind"] in ("attention",) + H.SERVING_KINDS:
             flops = H.attention_flops(case)
             row["gflops"] = flops / fa / 1e9 if fa else None
             row["pct_matmul"] = 100 * row["gflops"] / ceil["matmul_gflops"] if fa and ceil["matmul_gflops"] else None
@@ -329,6 +337,22 @@ def print_report(results, ceil, rows, out=None):
             p(f"| {r['id']} | {r['case'].get('kv_dtype')} | {_time_cell(r, 'fastattn', avail)} | "
               f"{H.fmt_time(tw) if tw else '—'} | {_fmt(tw / fa if tw and fa else None, '.2f', '×')} | "
               f"{_fmt(r.get('gbs'), '.1f')} | {_fmt(r.get('pct_bw'), '.0f', '%')} |")
+    serving = [r for r in rows if r["case"].get("baseline")]
+    if serving:
+        by_id = {r["id"]: r for r in rows}
+        p("\nServing cases against fastattn's own baseline and torch (targets: baseline / case and torch / case "
+          "at least):\n")
+        p("| case | fastattn | baseline | baseline time | baseline / case | target | torch / case | target |")
+        p("|---|---:|---|---:|---:|---:|---:|---:|")
+        for r in serving:
+            base = by_id.get(r["case"]["baseline"])
+            fa, bt = r["t"].get("fastattn"), base["t"].get("fastattn") if base else None
+            tt = r["t"].get("torch")
+            tg = r["case"].get("targets", {})
+            p(f"| {r['id']} | {_time_cell(r, 'fastattn', avail)} | {r['case']['baseline']} | "
+              f"{H.fmt_time(bt) if bt else '—'} | {_fmt(bt / fa if bt and fa else None, '.2f', '×')} | "
+              f"{_fmt(tg.get('baseline'), '.2f', '×')} | {_fmt(tt / fa if tt and fa else None, '.2f', '×')} | "
+              f"{_fmt(tg.get('torch'), '.2f', '×')} |")
     mem_rows = [r for r in rows if r["case"].get("memory")]
     if mem_rows:
         p("\nPeak memory beyond inputs and output (one call, VmHWM after a reset):\n")

@@ -107,7 +107,7 @@ def check_attention(case, inputs, out):
 
 def _group(benchmark, case):
     benchmark.group = case["id"]
-    if case["kind"] == "attention":
+    if case["kind"] in ("attention",) + H.SERVING_KINDS:
         benchmark.extra_info["gflop"] = H.attention_flops(case) / 1e9
         benchmark.extra_info["kv_mib"] = H.kv_bytes(case) / 2**20
 
@@ -170,3 +170,20 @@ def test_backward(benchmark, case, contestant, bench_threads):
         assert g.shape == inputs[name].shape and g.dtype == inputs[name].dtype
     err = H.check_against_float64(case, inputs, (dq, dk, dv), np)
     assert err <= (1e-4 if case["dtype"] == "float32" else 1e-11), f"{case['id']}: dq error {err:.1e}"
+
+
+SERVING_CASES = H.SERVING_CASES
+
+
+@pytest.mark.parametrize("case", SERVING_CASES, ids=[c["id"] for c in SERVING_CASES])
+def test_serving(benchmark, case, bench_threads):
+    """Packed variable-length batches and paged caches, and fastattn's own
+    baselines of them (a loop of attention over the sequences; the same decode
+    on contiguous caches): checked against float64 on the first and last
+    sequence (H.check_against_float64)."""
+    _group(benchmark, case)
+    inputs = inputs_for(case)
+    fn, _ = H.RUNNERS["fastattn"](case, inputs, bench_threads, np)
+    out = benchmark(fn)
+    err = H.check_against_float64(case, inputs, out, np)
+    assert err <= 1e-4, f"{case['id']}: error {err:.1e}"

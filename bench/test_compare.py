@@ -105,3 +105,38 @@ def test_scaling_lines_for_prefill_and_the_one_head_backward(compare, capsys):
     assert "Thread scaling, prefill:" in out and "2.00×" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("Thread scaling, bwd-1head"))
     assert "1.88×" in line and "median of 3" in line     # 3/1.6, 3/1.5, 3/2.0 -> median 1.875
+
+
+def test_serving_cases_are_reported_against_their_baseline(compare, capsys):
+    """A serving case and its fastattn baseline (their own cases): the serving
+    table divides the baseline's time by the case's and shows the targets."""
+    case = next(c for c in compare.H.SERVING_CASES if c["id"] == "varlen-64")
+    base = next(c for c in compare.H.SERVING_CASES if c["id"] == case["baseline"])
+    res = _results([3.0], [1.0])
+    res["cases"] = [
+        {"case": case, "describe": compare.H.describe(case), "numpy_skipped": "serving",
+         "runs": {"fastattn": [{"seconds": 0.020, "max_err": 1e-7}], "torch": [{"seconds": 0.060}]}},
+        {"case": base, "describe": compare.H.describe(base), "numpy_skipped": "serving",
+         "runs": {"fastattn": [{"seconds": 0.035, "max_err": 1e-7}]}},
+    ]
+    ceil, rows = compare.summarize(res)
+    compare.print_report(res, ceil, rows)
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("| varlen-64 | 20.00 ms | varlen-64-loop"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3:8] == ["35.00 ms", "1.75×", "1.50×", "3.00×", "2.00×"]
+    assert rows[0]["gflops"] == pytest.approx(compare.H.attention_flops(case) / 0.020 / 1e9)
+
+
+def test_a_serving_case_brings_its_baseline(compare, monkeypatch):
+    """--cases varlen-64 also runs varlen-64-loop, its baseline."""
+    seen = []
+    monkeypatch.setattr(compare.H, "run_child",
+                        lambda lib, case, threads, **kw: seen.append((lib, case and case["id"])) or
+                        ({"matmul_gflops": 1.0, "read_gbs": 1.0, "read_sum_gbs": 1.0} if lib == "ceilings"
+                         else {"seconds": 1.0}))
+    monkeypatch.setattr(compare.H, "import_error", lambda *a, **k: None)
+    monkeypatch.setattr(compare.H, "library_available", lambda lib: lib == "torch")
+    compare.run(compare.parse_args(["--cases", "varlen-64", "--quick"]))
+    assert ("fastattn", "varlen-64") in seen and ("torch", "varlen-64") in seen
+    assert ("fastattn", "varlen-64-loop") in seen and ("torch", "varlen-64-loop") not in seen

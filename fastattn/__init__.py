@@ -5,13 +5,15 @@
     >>> out = fastattn.attention(q, k, v, causal=True)
 
 Public API: :func:`attention`, :func:`attention_backward` (its gradients),
+:func:`attention_varlen` (packed variable-length batches), :func:`attention_paged` (paged KV caches),
 :func:`scaled_dot_product_attention` (torch's signature), :func:`softmax`, :func:`log_softmax`, :func:`merge_attention`, thread control
 (:func:`set_num_threads`, :func:`get_num_threads`, :func:`threads`),
 :func:`show_config`, and :mod:`fastattn.reference` (the pure-NumPy specification).
 """
 from . import reference
 try:
-    from ._api import attention, attention_backward, log_softmax, merge_attention, softmax
+    from ._api import (attention, attention_backward, attention_paged, attention_varlen, log_softmax,
+                       merge_attention, softmax)
 except ImportError as _exc:
     # An unbuilt source checkout (no compiled kernels): say what to run instead.
     from ._unbuilt import raise_if_unbuilt
@@ -25,6 +27,7 @@ from ._threads import get_num_threads, set_num_threads, threads
 __version__ = _get_version()
 
 __all__ = [
-    "attention", "scaled_dot_product_attention", "attention_backward", "softmax", "log_softmax",
+    "attention", "scaled_dot_product_attention", "attention_backward", "attention_varlen", "attention_paged",
+    "softmax", "log_softmax",
     "merge_attention", "set_num_threads", "get_num_threads", "threads", "show_config", "reference", "__version__",
 ]

@@ -135,6 +135,119 @@ def attention(
     num_threads: int | None = ...,
 ) -> NDArray[_Float] | tuple[NDArray[_Float], ...]: ...
 
+# packed variable-length batches and paged caches: out, or (out, lse)
+@overload
+def attention_varlen(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    cu_seqlens_q: ArrayLike,
+    cu_seqlens_k: ArrayLike | None = ...,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    window: _Window = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_lse: Literal[False] = ...,
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> NDArray[_Float]: ...
+@overload
+def attention_varlen(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    cu_seqlens_q: ArrayLike,
+    cu_seqlens_k: ArrayLike | None = ...,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    window: _Window = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_lse: Literal[True],
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> tuple[NDArray[_Float], NDArray[_Float]]: ...
+@overload
+def attention_varlen(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    cu_seqlens_q: ArrayLike,
+    cu_seqlens_k: ArrayLike | None = ...,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    window: _Window = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_lse: bool = ...,
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> NDArray[_Float] | tuple[NDArray[_Float], NDArray[_Float]]: ...
+@overload
+def attention_paged(
+    q: ArrayLike,
+    k_cache: ArrayLike,
+    v_cache: ArrayLike,
+    block_table: ArrayLike,
+    seq_lens: ArrayLike,
+    *,
+    cu_seqlens_q: ArrayLike | None = ...,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    window: _Window = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    k_scale: ArrayLike | None = ...,
+    v_scale: ArrayLike | None = ...,
+    return_lse: Literal[False] = ...,
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> NDArray[_Float]: ...
+@overload
+def attention_paged(
+    q: ArrayLike,
+    k_cache: ArrayLike,
+    v_cache: ArrayLike,
+    block_table: ArrayLike,
+    seq_lens: ArrayLike,
+    *,
+    cu_seqlens_q: ArrayLike | None = ...,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    window: _Window = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    k_scale: ArrayLike | None = ...,
+    v_scale: ArrayLike | None = ...,
+    return_lse: Literal[True],
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> tuple[NDArray[_Float], NDArray[_Float]]: ...
+@overload
+def attention_paged(
+    q: ArrayLike,
+    k_cache: ArrayLike,
+    v_cache: ArrayLike,
+    block_table: ArrayLike,
+    seq_lens: ArrayLike,
+    *,
+    cu_seqlens_q: ArrayLike | None = ...,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    window: _Window = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    k_scale: ArrayLike | None = ...,
+    v_scale: ArrayLike | None = ...,
+    return_lse: bool = ...,
+    out: NDArray[Any] | None = ...,
+    num_threads: int | None = ...,
+) -> NDArray[_Float] | tuple[NDArray[_Float], NDArray[_Float]]: ...
+
 # NumPy arrays in: NumPy out; torch tensors in: tensors out
 @overload
 def scaled_dot_product_attention(

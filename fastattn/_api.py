@@ -20,7 +20,8 @@ from .integrations import any_torch_tensor, torch_attention, torch_softmax
 
 _K = _dispatch.kernels
 
-__all__ = ["attention", "attention_backward", "softmax", "log_softmax", "merge_attention"]
+__all__ = ["attention", "attention_backward", "attention_varlen", "attention_paged", "softmax", "log_softmax",
+           "merge_attention"]
 
 
 def _refuse_masked(args):
@@ -58,11 +59,15 @@ def _foreign_softmax(x, axis, out, num_threads, log_mode):
 
 
 _K.set_call_hooks(resolve_num_threads, _check_num_threads, _foreign_attention, _foreign_softmax)
+_K.set_varlen_hooks(_refuse_masked)
 attention = _K.attention
 attention_backward = _K.attention_backward
+attention_varlen = _K.attention_varlen
+attention_paged = _K.attention_paged
 softmax = _K.softmax
 log_softmax = _K.log_softmax
 for _f, _doc in ((attention, _docstrings.ATTENTION), (attention_backward, _docstrings.ATTENTION_BACKWARD),
+                 (attention_varlen, _docstrings.ATTENTION_VARLEN), (attention_paged, _docstrings.ATTENTION_PAGED),
                  (softmax, _docstrings.SOFTMAX), (log_softmax, _docstrings.LOG_SOFTMAX)):
     _f.__doc__ = _doc
     _f.__module__ = "fastattn"

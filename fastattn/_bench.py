@@ -156,8 +156,82 @@ BACKWARD_CASES = [
 ]
 
 
+# Serving: packed variable-length batches (attention_varlen) and paged KV caches
+# (attention_paged), kinds "varlen" and "paged".  ``impl`` names what a case
+# times with fastattn -- the packed or paged call itself, or its baseline: a
+# Python loop of fastattn.attention over the sequences ("loop"), the same
+# decode on contiguous caches with kv_lengths ("contiguous"); ``baseline`` is
+# the id of a case's baseline and ``targets`` the issue's (baseline / case and
+# torch / case at least these).  torch: SDPA in a loop over the sequences
+# (varlen), or gather + SDPA with a padding mask (paged).
+
+def varlen_case(id, n_seqs, lo, hi, H, D, *, seed=0, causal=True, impl="varlen", **extra):
+    """A packed batch of n_seqs sequences of seeded lengths in [lo, hi] (self-attention)."""
+    import random
+    r = random.Random(seed)
+    lens = [r.randint(lo, hi) for _ in range(n_seqs)]
+    case = dict(id=id, kind="varlen", lens=lens, Hq=H, Hkv=H, D=D, Dv=D, dtype="float32", causal=causal,
+                impl=impl, memory=False, extra=True)
+    case.update(extra)
+    return case
+
+
+def paged_case(id, S, Hq, Hkv, D, Lq, context, block_size, *, seed=0, impl="paged", **extra):
+    """S sequences of about ``context`` keys each (seeded, up to one block less) in a
+    paged cache of ``block_size`` slots per block, ``Lq`` new queries each, causal
+    bottom-right."""
+    import random
+    r = random.Random(seed)
+    seq_lens = [context - r.randint(0, block_size - 1) if Lq == 1 else context for _ in range(S)]
+    case = dict(id=id, kind="paged", S=S, Hq=Hq, Hkv=Hkv, D=D, Dv=D, Lq=Lq, seq_lens=seq_lens,
+                block_size=block_size, dtype="float32", causal="bottom_right", impl=impl, memory=False,
+                extra=True)
+    case.update(extra)
+    return case
+
+
+SERVING_CASES = [
+    varlen_case("varlen-64", 64, 16, 512, 8, 64, baseline="varlen-64-loop", targets={"baseline": 1.5, "torch": 2.0},
+                note="64 sequences of 16-512 tokens; baseline: a Python loop of fastattn.attention over them"),
+    varlen_case("varlen-64-loop", 64, 16, 512, 8, 64, impl="loop", no_torch=True),
+    varlen_case("varlen-8-long", 8, 256, 4096, 8, 128, baseline="varlen-8-long-loop", targets={"baseline": 1.0},
+                note="8 sequences of 256-4096 tokens"),
+    varlen_case("varlen-8-long-loop", 8, 256, 4096, 8, 128, impl="loop", no_torch=True),
+    paged_case("paged-decode", 8, 32, 8, 128, 1, 4096, 16, decode=True, baseline="paged-decode-contiguous",
+               targets={"baseline": 1 / 1.1, "torch": 2.0},
+               note="decode, shuffled blocks of 16; baseline: the same decode on contiguous caches with kv_lengths"),
+    paged_case("paged-decode-contiguous", 8, 32, 8, 128, 1, 4096, 16, decode=True, impl="contiguous",
+               no_torch=True),
+    paged_case("paged-prefill", 4, 32, 8, 128, 256, 2304, 16, baseline="paged-prefill-contiguous",
+               targets={"baseline": 1 / 1.15},
+               note="chunked prefill: 256 new tokens against 2048 cached, causal bottom-right"),
+    paged_case("paged-prefill-contiguous", 4, 32, 8, 128, 256, 2304, 16, impl="contiguous", no_torch=True),
+]
+SERVING_KINDS = ("varlen", "paged")
+
+
+def _serving_describe(case):
+    heads = f"Hq{case['Hq']} Hkv{case['Hkv']}" if case["Hq"] != case["Hkv"] else f"H{case['Hq']}"
+    what = {"loop": " (loop of attention)", "contiguous": " (contiguous, kv_lengths)"}.get(case["impl"], "")
+    if case["kind"] == "varlen":
+        return (f"{len(case['lens'])} seqs L{min(case['lens'])}-{max(case['lens'])} {heads} D{case['D']}"
+                + (" causal" if case["causal"] else "") + what)
+    return (f"S{case['S']} {heads} D{case['D']} Lq{case['Lq']} keys≈{max(case['seq_lens'])} "
+            f"block {case['block_size']} bottom-right" + what)
+
+
+def _serving_pairs(case):
+    """Visible (query, key) pairs per head of a serving case."""
+    if case["kind"] == "varlen":
+        return sum(n * (n + 1) // 2 if case["causal"] else n * n for n in case["lens"])
+    n = case["Lq"]
+    return sum(n * L - n * (n - 1) // 2 for L in case["seq_lens"])
+
+
 def describe(case):
     """Short shape description, e.g. 'B1 H8 L1024 D64 causal'."""
+    if case["kind"] in SERVING_KINDS:
+        return _serving_describe(case)
     if case["kind"] == "softmax":
         return f"{case['rows']}×{case['cols']} {case['dtype']}"
     heads = f"Hq{case['Hq']} Hkv{case['Hkv']}" if case["Hq"] != case["Hkv"] else f"H{case['Hq']}"
@@ -224,7 +298,8 @@ _BACKWARD_FLOPS = {None: 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 def attention_flops(case):
     """FLOPs of attention: 2*D for q.k plus 2*Dv for p.v per visible pair (the
     backward: 2.5 times that, forward and backward 3.5 times)."""
-    return _BACKWARD_FLOPS[case.get("backward")] * 2 * (case["D"] + case["Dv"]) * case["Hq"] * visible_pairs(case)
+    pairs = _serving_pairs(case) if case["kind"] in SERVING_KINDS else visible_pairs(case)
+    return _BACKWARD_FLOPS[case.get("backward")] * 2 * (case["D"] + case["Dv"]) * case["Hq"] * pairs
 
 
 def _numpy_dtype(name, np):
@@ -238,7 +313,10 @@ def _numpy_dtype(name, np):
 def kv_bytes(case):
     """Bytes of K and V that must be read once (valid keys only), in their stored type."""
     itemsize = {"float64": 8, "float16": 2, "bfloat16": 2, "int8": 1}.get(case.get("kv_dtype") or case["dtype"], 4)
-    keys = sum(case["kv_lengths"]) if case["kv_lengths"] else case["B"] * case["Lk"]
+    if case["kind"] in SERVING_KINDS:
+        keys = sum(case["lens"] if case["kind"] == "varlen" else case["seq_lens"])
+    else:
+        keys = sum(case["kv_lengths"]) if case["kv_lengths"] else case["B"] * case["Lk"]
     return keys * case["Hkv"] * (case["D"] + case["Dv"]) * itemsize
 
 
@@ -255,6 +333,8 @@ def numpy_scores_bytes(case):
 
 def make_inputs(case, np):
     """Deterministic inputs for a case (touched, contiguous, in case['dtype'])."""
+    if case["kind"] in SERVING_KINDS:
+        return _serving_inputs(case, np)
     rng = np.random.default_rng(0)
     dt = np.dtype(case["dtype"])
     if case["kind"] == "softmax":
@@ -413,6 +493,8 @@ def check_against_float64(case, inputs, out, np):
     Computed here rather than by ``fastattn.reference`` because it also checks
     torch, in processes that must not import fastattn.
     """
+    if case["kind"] in SERVING_KINDS:
+        return _serving_check(case, inputs, out, np)
     if case["kind"] == "softmax":
         x = inputs["x"][:64].astype(np.float64)
         e = np.exp(x - x.max(axis=-1, keepdims=True))
@@ -462,6 +544,133 @@ def _check_dq_against_float64(case, inputs, dq, rows, np):
 
 
 # ---------------------------------------------------------------------------
+# Serving cases: inputs, runners, check
+# ---------------------------------------------------------------------------
+
+def _serving_inputs(case, np):
+    """varlen: q, k, v (H, total, D) and cu_seqlens.  paged: q (S, Hq, Lq, D), caches
+    (num_blocks, Hkv, block_size, D) in shuffled blocks, the block table and
+    seq_lens -- or, for the contiguous baseline, the same keys gathered into
+    (S, Hkv, max(seq_lens), D) caches."""
+    rng = np.random.default_rng(0)
+    D, Dv = case["D"], case["Dv"]
+    if case["kind"] == "varlen":
+        total = sum(case["lens"])
+        q, k, v = (rng.standard_normal((case["Hq"], total, d), dtype=np.float32) for d in (D, D, Dv))
+        return {"q": q, "k": k, "v": v, "cu": np.concatenate([[0], np.cumsum(case["lens"])]).astype(np.int64)}
+    S, Hkv, bs = case["S"], case["Hkv"], case["block_size"]
+    lens = np.asarray(case["seq_lens"], dtype=np.int64)
+    per_seq = -(-lens // bs)
+    nb = int(per_seq.sum())
+    kc = rng.standard_normal((nb, Hkv, bs, D), dtype=np.float32)
+    vc = rng.standard_normal((nb, Hkv, bs, Dv), dtype=np.float32)
+    table = np.zeros((S, int(per_seq.max())), dtype=np.int64)
+    order = rng.permutation(nb)
+    for s, start in enumerate(np.concatenate([[0], np.cumsum(per_seq)[:-1]])):
+        table[s, :per_seq[s]] = order[start:start + per_seq[s]]
+    q = rng.standard_normal((S, case["Hq"], case["Lq"], D), dtype=np.float32)
+    inputs = {"q": q, "block_table": table, "seq_lens": lens}
+    if case["impl"] == "contiguous":
+        L = int(lens.max())
+        for name, c in (("k", kc), ("v", vc)):
+            g = c[table].transpose(0, 2, 1, 3, 4).reshape(S, Hkv, -1, c.shape[3])[:, :, :L]
+            inputs[name] = np.ascontiguousarray(g)
+    else:
+        inputs["k_cache"], inputs["v_cache"] = kc, vc
+    return inputs
+
+
+def _serving_fastattn(fastattn, case, inputs, threads):
+    """The call a serving case times with fastattn (see SERVING_CASES)."""
+    q = inputs["q"]
+    if case["kind"] == "varlen":
+        k, v, cu = inputs["k"], inputs["v"], inputs["cu"]
+        causal = case["causal"]
+        if case["impl"] == "loop":
+            spans = list(zip(cu[:-1].tolist(), cu[1:].tolist()))
+            return lambda: [fastattn.attention(q[:, a:b], k[:, a:b], v[:, a:b], causal=causal, num_threads=threads)
+                            for a, b in spans]
+        return lambda: fastattn.attention_varlen(q, k, v, cu, causal=causal, num_threads=threads)
+    lens = inputs["seq_lens"]
+    if case["impl"] == "contiguous":
+        k, v, kvl = inputs["k"], inputs["v"], lens[:, None]
+        return lambda: fastattn.attention(q, k, v, kv_lengths=kvl, causal="bottom_right", num_threads=threads)
+    kc, vc, table = inputs["k_cache"], inputs["v_cache"], inputs["block_table"]
+    return lambda: fastattn.attention_paged(q, kc, vc, table, lens, causal="bottom_right", num_threads=threads)
+
+
+def _serving_torch(torch, F, case, inputs, np):
+    """torch's way: SDPA per sequence in a loop (contiguous per-sequence tensors,
+    split once); a paged cache gathered per call, then one SDPA with a padding
+    (and bottom-right causal) mask."""
+    if case["kind"] == "varlen":
+        cu = inputs["cu"]
+        seqs = [tuple(torch.from_numpy(np.ascontiguousarray(inputs[n][None, :, a:b])) for n in "qkv")
+                for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
+        causal = bool(case["causal"])
+        return lambda: [F.scaled_dot_product_attention(q, k, v, is_causal=causal)[0].numpy() for q, k, v in seqs]
+    q = torch.from_numpy(inputs["q"])
+    kc, vc = torch.from_numpy(inputs["k_cache"]), torch.from_numpy(inputs["v_cache"])
+    table = torch.from_numpy(inputs["block_table"])
+    lens = torch.from_numpy(inputs["seq_lens"])
+    S, Hkv, bs, Lq = case["S"], case["Hkv"], case["block_size"], case["Lq"]
+    gqa = case["Hq"] != Hkv
+
+    def step():
+        k = kc[table].permute(0, 2, 1, 3, 4).reshape(S, Hkv, -1, kc.shape[3])
+        v = vc[table].permute(0, 2, 1, 3, 4).reshape(S, Hkv, -1, vc.shape[3])
+        keys = torch.arange(k.shape[2])
+        pos = lens[:, None] - Lq + torch.arange(Lq)[None, :]                    # (S, Lq)
+        mask = (keys[None, None, :] <= pos[:, :, None]) & (keys[None, None, :] < lens[:, None, None])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=gqa).numpy()
+    return step
+
+
+def _serving_check(case, inputs, out, np):
+    """Largest |out - exact| (float64) over the first and last sequence, first and
+    last head, up to 96 query rows each."""
+    worst = 0.0
+    scale = 1.0 / math.sqrt(case["D"])
+    g = case["Hq"] // case["Hkv"]
+    if case["kind"] == "varlen":
+        cu = inputs["cu"]
+        for s in {0, len(case["lens"]) - 1}:
+            a, b = int(cu[s]), int(cu[s + 1])
+            got_s = out[s] if isinstance(out, list) else out[:, a:b]
+            rows = np.arange(b - a) if b - a <= 96 else np.unique(np.r_[0:32, b - a - 32:b - a,
+                                                                      np.linspace(0, b - a - 1, 32).astype(int)])
+            for h in {0, case["Hq"] - 1}:
+                q = inputs["q"][h, a:b][rows].astype(np.float64)
+                k = inputs["k"][h // g, a:b].astype(np.float64)
+                v = inputs["v"][h // g, a:b].astype(np.float64)
+                sc = q @ k.T * scale
+                if case["causal"]:
+                    sc[np.arange(b - a)[None, :] > rows[:, None]] = -np.inf
+                p = np.exp(sc - sc.max(axis=1, keepdims=True))
+                ref = (p / p.sum(axis=1, keepdims=True)) @ v
+                worst = max(worst, float(np.max(np.abs(np.asarray(got_s[h][rows], np.float64) - ref))))
+        return worst
+    lens, Lq = inputs["seq_lens"], case["Lq"]
+    rows = np.arange(Lq) if Lq <= 96 else np.unique(np.r_[0:32, Lq - 32:Lq, np.linspace(0, Lq - 1, 32).astype(int)])
+    for s in {0, case["S"] - 1}:
+        L = int(lens[s])
+        for h in {0, case["Hq"] - 1}:
+            if "k" in inputs:
+                k, v = inputs["k"][s, h // g, :L], inputs["v"][s, h // g, :L]
+            else:
+                blocks = inputs["block_table"][s, :-(-L // case["block_size"])]
+                k = inputs["k_cache"][blocks, h // g].reshape(-1, case["D"])[:L]
+                v = inputs["v_cache"][blocks, h // g].reshape(-1, case["Dv"])[:L]
+            q = inputs["q"][s, h, rows].astype(np.float64)
+            sc = q @ k.astype(np.float64).T * scale
+            sc[np.arange(L)[None, :] > (L - Lq + rows)[:, None]] = -np.inf
+            p = np.exp(sc - sc.max(axis=1, keepdims=True))
+            ref = (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+            worst = max(worst, float(np.max(np.abs(np.asarray(out[s, h, rows], np.float64) - ref))))
+    return worst
+
+
+# ---------------------------------------------------------------------------
 # One library per child process
 # ---------------------------------------------------------------------------
 
@@ -476,6 +685,8 @@ def _fastattn_runner(case, inputs, threads, np):
     if case["kind"] == "softmax":
         x = inputs["x"]
         return (lambda: fastattn.softmax(x, axis=-1, num_threads=threads)), info
+    if case["kind"] in SERVING_KINDS:
+        return _serving_fastattn(fastattn, case, inputs, threads), info
     kw = dict(fastattn_kwargs(case, inputs), num_threads=threads)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     if case.get("backward") == "fwd+bwd":
@@ -514,6 +725,8 @@ def _torch_runner(case, inputs, threads, np):
     if case["kind"] == "softmax":
         x = torch.from_numpy(inputs["x"])
         return (lambda: torch.softmax(x, dim=-1).numpy()), info
+    if case["kind"] in SERVING_KINDS:
+        return _serving_torch(torch, F, case, inputs, np), info
     # 4-D (B, H, L, D): 3-D input silently takes torch's slow "math" path.
     kv_dtype = case.get("kv_dtype")
     if kv_dtype in ("float16", "bfloat16"):
@@ -560,6 +773,8 @@ def _numpy_runner(case, inputs, threads, np):
     info = {"version": np.__version__}
     if case["kind"] == "softmax":
         raise ValueError("softmax cases compare against scipy, not the numpy runner")
+    if case["kind"] in SERVING_KINDS:
+        raise ValueError("serving cases compare against fastattn's own baseline and torch, not numpy")
     blocked = _blocked(allowed_mask(case, inputs, np))    # built once, like torch's mask
     bias = alibi_bias(case, inputs, np)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]

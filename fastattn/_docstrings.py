@@ -492,3 +492,233 @@ Examples
 >>> dq.shape, dk.dtype
 ((1, 2, 16, 8), dtype('float32'))
 """
+
+ATTENTION_VARLEN = """Attention over a packed batch of variable-length sequences (``cu_seqlens``).
+
+The queries, keys and values of ``S`` sequences lie one after another along
+axis 1; sequence ``s`` owns query rows ``cu_seqlens_q[s]:cu_seqlens_q[s + 1]``
+and keys ``cu_seqlens_k[s]:cu_seqlens_k[s + 1]`` and attends only to its own
+keys, as :func:`attention` on that sequence alone would: nothing is padded
+and no block-diagonal mask is built.  One work list over (sequence, head,
+block of query rows) shares the cores between short and long sequences; a
+long sequence with few queries is split over its keys and merged in a fixed
+order.  Defined by :func:`fastattn.reference.attention_varlen`.
+
+Parameters
+----------
+q : array_like, shape (Hq, total_q, Dk)
+    The queries, heads first as everywhere in fastattn.  Any strides:
+    flash-attn's ``(total, H, D)`` arrays pass as ``x.transpose(1, 0, 2)``
+    without a copy.
+k : array_like, shape (Hkv, total_k, Dk)
+    The keys.  ``Hq`` must be a multiple of ``Hkv``: query head ``h`` uses
+    key/value head ``h // (Hq // Hkv)`` (grouped-query attention).
+v : array_like, shape (Hkv, total_k, Dv)
+    The values.
+cu_seqlens_q : array_like of int, shape (S + 1,)
+    Cumulative query counts: starts at 0, non-decreasing, ends at
+    ``total_q``.  A sequence without queries is skipped.
+cu_seqlens_k : array_like of int, shape (S + 1,), optional
+    Cumulative key counts, likewise ending at ``total_k``.  Default None:
+    ``cu_seqlens_q`` (self-attention, ``total_k == total_q``).  A sequence
+    without keys gives zeros (lse ``-inf``).
+scale : float, optional
+    Multiplies ``q @ kᵀ``.  Default ``1 / sqrt(Dk)``.
+causal : {False, True, "top_left", "bottom_right"}, optional
+    As for :func:`attention`, relative to each sequence's own lengths:
+    ``"bottom_right"`` aligns a sequence's last query with its last key
+    (new tokens against their sequence's context).
+window : int or (int or None, int or None), optional
+    Sliding window, as for :func:`attention`, per sequence.
+softcap : float, optional
+    Soft capping of the scaled scores, as for :func:`attention`.
+alibi_slopes : array_like, broadcastable to (Hq,), optional
+    ALiBi slopes, one per query head; the distances are measured within
+    each sequence.
+return_lse : bool, optional
+    Also return each row's log-sum-exp.
+out : ndarray, optional
+    Where to write the output: exactly its shape ``(Hq, total_q, Dv)`` and
+    dtype, writeable, not overlapping an input (a transposed view of a
+    ``(total_q, Hq, Dv)`` array is fine).
+num_threads : int, optional
+    Threads for this call.  Results are bit-identical for any thread count.
+
+Returns
+-------
+out : ndarray, shape (Hq, total_q, Dv)
+    The output (the first item of ``(out, lse)`` with ``return_lse=True``),
+    in the dtype :func:`attention` would give for ``q``, ``k``, ``v``.
+lse : ndarray, shape (Hq, total_q)
+    Only with ``return_lse=True``, in the compute dtype.
+
+Raises
+------
+TypeError
+    ``cu_seqlens_q`` / ``cu_seqlens_k`` that are not integers; an array of a
+    complex or object dtype; a masked array; options of the wrong type;
+    ``out`` of the wrong type or dtype.
+ValueError
+    ``q``, ``k`` or ``v`` that are not 3-D; ``Dk`` of ``q`` and ``k``, the key
+    counts of ``k`` and ``v`` or their head counts that differ; ``Hq`` not a
+    multiple of ``Hkv``; ``cu_seqlens`` that are not 1-D, do not start at 0,
+    decrease, do not end at the total or count different numbers of
+    sequences; ``cu_seqlens_k=None`` with ``total_k != total_q``; bad option
+    values or ``out``.  Every check runs before any work and names the
+    argument.
+MemoryError
+    The outputs or the per-thread workspaces cannot be allocated.
+
+See Also
+--------
+fastattn.reference.attention_varlen : The float64 specification.
+attention_paged : The same against paged KV caches.
+attention : One batch of equal-length sequences.
+
+Examples
+--------
+Three sequences of 5, 1 and 9 tokens, causal self-attention, against a loop of
+:func:`attention` over the sequences:
+
+>>> import numpy as np
+>>> import fastattn
+>>> rng = np.random.default_rng(0)
+>>> cu = np.array([0, 5, 6, 15])
+>>> q, k, v = (rng.standard_normal((4, 15, 32), dtype=np.float32) for _ in range(3))
+>>> out = fastattn.attention_varlen(q, k, v, cu, causal=True)
+>>> print(out.shape, out.dtype)
+(4, 15, 32) float32
+>>> loop = np.concatenate([fastattn.attention(q[:, a:b], k[:, a:b], v[:, a:b], causal=True)
+...                        for a, b in zip(cu[:-1], cu[1:])], axis=1)
+>>> print(np.allclose(out, loop, atol=1e-6))
+True
+
+flash-attn's ``(total, H, D)`` layout, through transposed views (no copy):
+
+>>> q_thd = rng.standard_normal((15, 4, 32), dtype=np.float32)
+>>> out = fastattn.attention_varlen(q_thd.transpose(1, 0, 2), k, v, cu)
+>>> print(out.transpose(1, 0, 2).shape)
+(15, 4, 32)
+"""
+
+ATTENTION_PAGED = """Attention against paged key/value caches (block tables), read in place.
+
+The keys and values of each sequence lie in fixed-size blocks of a shared
+cache: key ``j`` of sequence ``s`` is slot ``j % block_size`` of block
+``block_table[s, j // block_size]``.  The kernels read the blocks where they
+are through the table, for decode steps (one or a few new tokens per
+sequence) and chunked prefill alike, with every option of :func:`attention`:
+nothing is gathered into a contiguous cache.  A decode step reads each run of
+slots for all key/value heads of a block in turn (one stretch of memory per
+block); many query rows against small blocks stage each tile of keys in a
+per-thread buffer, as the kernels do for half-precision caches.  Defined by
+:func:`fastattn.reference.attention_paged`.
+
+Parameters
+----------
+q : array_like, shape (S, Hq, Lq, Dk), or (Hq, total_q, Dk) with cu_seqlens_q
+    The queries: each sequence's ``Lq`` newest tokens, or, with
+    ``cu_seqlens_q``, the queries of every sequence packed along axis 1
+    (mixed prefill and decode batches).  The ``n`` queries of a sequence are
+    its last positions: query ``i`` sits at position ``seq_lens[s] - n + i``,
+    which ``causal="bottom_right"`` uses.
+k_cache : array_like, shape (num_blocks, Hkv, block_size, Dk)
+    The key cache; any ``block_size >= 1``.  flash-attn's and vLLM's
+    ``(num_blocks, block_size, Hkv, D)`` caches pass as
+    ``cache.transpose(0, 2, 1, 3)`` without a copy.  float32, float64,
+    float16, bfloat16 and int8 (with ``k_scale``) caches are read in place.
+v_cache : array_like, shape (num_blocks, Hkv, block_size, Dv)
+    The value cache, with the blocks, heads and slots of ``k_cache``.
+block_table : array_like of int, shape (S, max_blocks)
+    The blocks of each sequence.  Only the entries covering its
+    ``seq_lens[s]`` keys are read, and they must lie in ``[0, num_blocks)``;
+    the rest are ignored.
+seq_lens : array_like of int, shape (S,)
+    The valid keys of each sequence, between its number of query rows and
+    ``max_blocks * block_size``.  Cache slots past a sequence's length may
+    hold anything, NaN included: they never reach a result.
+cu_seqlens_q : array_like of int, shape (S + 1,), optional
+    With a packed ``q``: sequence ``s`` owns query rows
+    ``cu_seqlens_q[s]:cu_seqlens_q[s + 1]`` (starts at 0, non-decreasing,
+    ends at ``total_q``).  A sequence without queries is skipped.
+scale : float, optional
+    Multiplies ``q @ kᵀ``.  Default ``1 / sqrt(Dk)``.
+causal : {False, True, "top_left", "bottom_right"}, optional
+    As for :func:`attention`, per sequence (``Lk`` being ``seq_lens[s]``);
+    ``"bottom_right"`` is the alignment of new tokens against their cache.
+window : int or (int or None, int or None), optional
+    Sliding window, as for :func:`attention`, per sequence.
+softcap : float, optional
+    Soft capping of the scaled scores.
+alibi_slopes : array_like, broadcastable to (Hq,), optional
+    ALiBi slopes, one per query head.
+k_scale : array_like, optional
+    Scales of an int8 ``k_cache``: broadcastable to
+    ``k_cache.shape[:-1] + (1,)`` (per tensor, head or slot: paged like the
+    cache) or per channel to ``(Hkv, 1, Dk)`` (the same for every block).
+v_scale : array_like, optional
+    The same for an int8 ``v_cache``.
+return_lse : bool, optional
+    Also return each query row's log-sum-exp.
+out : ndarray, optional
+    Where to write the output: exactly its shape and dtype, writeable, not
+    overlapping an input.
+num_threads : int, optional
+    Threads for this call.  Results are bit-identical for any thread count.
+
+Returns
+-------
+out : ndarray
+    ``q``'s shape with ``Dk`` replaced by ``Dv`` (the first item of
+    ``(out, lse)`` with ``return_lse=True``); zeros for a sequence without
+    keys.
+lse : ndarray
+    Only with ``return_lse=True``: ``q``'s shape without its last axis, in
+    the compute dtype (``-inf`` for a sequence without keys).
+
+Raises
+------
+TypeError
+    ``block_table``, ``seq_lens`` or ``cu_seqlens_q`` that are not integers;
+    ``k_scale`` / ``v_scale`` for a non-integer cache; an array of a complex
+    or object dtype; a masked array; options or ``out`` of the wrong type.
+ValueError
+    A ``q`` that is not 4-D (3-D with ``cu_seqlens_q``); caches that are not
+    4-D or differ in blocks, heads or block size; ``block_size`` 0; ``Dk``
+    of ``q`` and ``k_cache`` that differ; ``Hq`` not a multiple of ``Hkv``;
+    sequence counts of ``q``, ``block_table`` and ``seq_lens`` that differ;
+    ``seq_lens`` negative, beyond ``max_blocks * block_size`` or smaller than
+    a sequence's query rows; a used block-table entry outside
+    ``[0, num_blocks)``; bad ``cu_seqlens_q``; a per-channel scale that
+    differs between blocks; bad option values or ``out``.  Every check runs
+    before any work and names the argument.
+MemoryError
+    The outputs or the per-thread workspaces cannot be allocated.
+
+See Also
+--------
+fastattn.reference.attention_paged : The float64 specification.
+attention_varlen : Packed sequences with contiguous keys.
+attention : Contiguous caches with ``kv_lengths``.
+
+Examples
+--------
+A decode step of two sequences (13 and 6 cached keys) in blocks of 4, their
+blocks scattered over the cache, against :func:`attention` on the gathered
+keys:
+
+>>> import numpy as np
+>>> import fastattn
+>>> rng = np.random.default_rng(0)
+>>> k_cache, v_cache = (rng.standard_normal((8, 2, 4, 16), dtype=np.float32) for _ in range(2))
+>>> block_table = np.array([[5, 1, 7, 2], [0, 6, 3, 3]])
+>>> seq_lens = np.array([13, 6])
+>>> q = rng.standard_normal((2, 4, 1, 16), dtype=np.float32)      # 4 query heads, 2 kv heads
+>>> out = fastattn.attention_paged(q, k_cache, v_cache, block_table, seq_lens, causal="bottom_right")
+>>> print(out.shape)
+(2, 4, 1, 16)
+>>> k0 = k_cache[block_table[0]].transpose(1, 0, 2, 3).reshape(2, 16, 16)[:, :13]
+>>> v0 = v_cache[block_table[0]].transpose(1, 0, 2, 3).reshape(2, 16, 16)[:, :13]
+>>> print(np.allclose(out[0], fastattn.attention(q[0], k0, v0), atol=1e-6))
+True
+"""

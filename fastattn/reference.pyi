@@ -8,7 +8,8 @@ _F64 = NDArray[np.float64]
 _Causal = bool | Literal["top_left", "bottom_right"] | None
 _Window = None | int | tuple[int | None, int | None]
 
-__all__ = ["softmax", "log_softmax", "attention", "merge_attention", "attention_backward"]
+__all__ = ["softmax", "log_softmax", "attention", "merge_attention", "attention_backward", "attention_varlen",
+           "attention_paged"]
 
 def softmax(x: ArrayLike, axis: int | None = ...) -> _F64: ...
 def log_softmax(x: ArrayLike, axis: int | None = ...) -> _F64: ...
@@ -160,3 +161,102 @@ def attention_backward(
     alibi_slopes: ArrayLike | None = ...,
     return_dbias: Literal[True],
 ) -> tuple[_F64, _F64, _F64, _F64]: ...
+@overload
+def attention_varlen(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    cu_seqlens_q: ArrayLike,
+    cu_seqlens_k: ArrayLike | None = ...,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    window: _Window = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_lse: Literal[False] = ...,
+) -> _F64: ...
+@overload
+def attention_varlen(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    cu_seqlens_q: ArrayLike,
+    cu_seqlens_k: ArrayLike | None = ...,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    window: _Window = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_lse: Literal[True],
+) -> tuple[_F64, _F64]: ...
+@overload
+def attention_varlen(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    cu_seqlens_q: ArrayLike,
+    cu_seqlens_k: ArrayLike | None = ...,
+    *,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    window: _Window = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    return_lse: bool = ...,
+) -> _F64 | tuple[_F64, _F64]: ...
+@overload
+def attention_paged(
+    q: ArrayLike,
+    k_cache: ArrayLike,
+    v_cache: ArrayLike,
+    block_table: ArrayLike,
+    seq_lens: ArrayLike,
+    *,
+    cu_seqlens_q: ArrayLike | None = ...,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    window: _Window = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    k_scale: ArrayLike | None = ...,
+    v_scale: ArrayLike | None = ...,
+    return_lse: Literal[False] = ...,
+) -> _F64: ...
+@overload
+def attention_paged(
+    q: ArrayLike,
+    k_cache: ArrayLike,
+    v_cache: ArrayLike,
+    block_table: ArrayLike,
+    seq_lens: ArrayLike,
+    *,
+    cu_seqlens_q: ArrayLike | None = ...,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    window: _Window = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    k_scale: ArrayLike | None = ...,
+    v_scale: ArrayLike | None = ...,
+    return_lse: Literal[True],
+) -> tuple[_F64, _F64]: ...
+@overload
+def attention_paged(
+    q: ArrayLike,
+    k_cache: ArrayLike,
+    v_cache: ArrayLike,
+    block_table: ArrayLike,
+    seq_lens: ArrayLike,
+    *,
+    cu_seqlens_q: ArrayLike | None = ...,
+    scale: float | None = ...,
+    causal: _Causal = ...,
+    window: _Window = ...,
+    softcap: float | None = ...,
+    alibi_slopes: ArrayLike | None = ...,
+    k_scale: ArrayLike | None = ...,
+    v_scale: ArrayLike | None = ...,
+    return_lse: bool = ...,
+) -> _F64 | tuple[_F64, _F64]: ...

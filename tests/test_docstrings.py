@@ -26,6 +26,8 @@ PUBLIC = {
     "fastattn.merge_attention": (fastattn.merge_attention, ("Parameters", "Raises")),
     "fastattn.scaled_dot_product_attention": (fastattn.scaled_dot_product_attention, ("Parameters", "Raises")),
     "fastattn.attention_backward": (fastattn.attention_backward, ("Parameters", "Raises")),
+    "fastattn.attention_varlen": (fastattn.attention_varlen, ("Parameters", "Raises")),
+    "fastattn.attention_paged": (fastattn.attention_paged, ("Parameters", "Raises")),
     "fastattn.set_num_threads": (fastattn.set_num_threads, ("Parameters", "Raises")),
     "fastattn.get_num_threads": (fastattn.get_num_threads, ()),
     "fastattn.threads": (fastattn.threads, ("Parameters", "Raises")),
@@ -35,6 +37,8 @@ PUBLIC = {
     "fastattn.reference.log_softmax": (reference.log_softmax, ("Parameters", "Raises")),
     "fastattn.reference.merge_attention": (reference.merge_attention, ("Parameters", "Raises")),
     "fastattn.reference.attention_backward": (reference.attention_backward, ("Parameters", "Raises")),
+    "fastattn.reference.attention_varlen": (reference.attention_varlen, ("Parameters", "Raises")),
+    "fastattn.reference.attention_paged": (reference.attention_paged, ("Parameters", "Raises")),
 }
 
 # the functions of the modules that need an optional package (dask, torch,

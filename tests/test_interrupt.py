@@ -1,4 +1,4 @@
-"""Ctrl-C: a long attention, backward or softmax call stops soon with KeyboardInterrupt.
+"""Ctrl-C: a long attention, packed / paged, backward or softmax call stops soon with KeyboardInterrupt.
 
 The calling thread checks for signals between work units (every 50 ms of a
 long call) and the team abandons the remaining units; the call raises, so no
@@ -26,6 +26,19 @@ CHILD = textwrap.dedent("""
         q = rng.standard_normal((1, 8, 16384, 128), dtype=np.float32)   # ~10 s of work on one core
         out = np.zeros_like(q)
         call = lambda: fastattn.attention(q, q, q, out=out, num_threads=threads)
+    elif which in ("varlen", "paged"):
+        # two long sequences packed (~10 s of work on one core), or their paged decode
+        q = rng.standard_normal((8, 2 * 8192, 128), dtype=np.float32)
+        cu = np.array([0, 8192, 16384])
+        if which == "varlen":
+            call = lambda: fastattn.attention_varlen(q, q, q, cu, num_threads=threads)
+        else:
+            cache = rng.standard_normal((1024, 8, 256, 128), dtype=np.float32)   # 1 GiB, 256 Ki keys
+            table = np.arange(1024).reshape(2, 512)
+            qd = q[:, :4096]                                                      # ~10 s on one core
+            cu = np.array([0, 2048, 4096])
+            call = lambda: fastattn.attention_paged(qd, cache, cache, table, np.array([131072, 131072]),
+                                                    cu_seqlens_q=cu, num_threads=threads)
     elif which == "backward":
         q = 0.1 * rng.standard_normal((1, 4, 16384, 64), dtype=np.float32)  # ~5 s of work on one core
         lse = np.full(q.shape[:-1], np.log(q.shape[-2]), dtype=np.float32)
@@ -81,5 +94,13 @@ def test_ctrl_c_stops_a_long_softmax_call(which):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_ctrl_c_stops_a_long_backward_call(threads):
     line, elapsed = _interrupt("backward", threads)
+    assert line == "interrupted"
+    assert elapsed < 1.0, f"KeyboardInterrupt {elapsed:.2f} s after SIGINT"
+
+
+@pytest.mark.parametrize("which", ["varlen", "paged"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ctrl_c_stops_a_long_packed_or_paged_call(which, threads):
+    line, elapsed = _interrupt(which, threads)
     assert line == "interrupted"
     assert elapsed < 1.0, f"KeyboardInterrupt {elapsed:.2f} s after SIGINT"

@@ -6,7 +6,8 @@ every kernel path is touched -- prefill, causal (both alignments), windows,
 masks, bias, kv_lengths, softcap, ALiBi, GQA, split-key decode, return_weights /
 return_lse, out=, strided / broadcast / big-endian / float16 / integer inputs,
 empty dimensions, inf/NaN, softmax / log_softmax on every axis, merge_attention,
-thread control, and the error paths.  Every result is compared with
+the backward, packed variable-length batches and paged caches, thread control,
+and the error paths.  Every result is compared with
 fastattn.reference.  Exits 1 (after printing the failures) on any mismatch.
 
     python tools/smoke.py [--quick]     # --quick: fewer dtype/thread combinations
@@ -195,6 +196,53 @@ def main():
             ref = R.attention_backward(g, q, k, v, o6, l6, return_dbias="bias" in kw, **kw)
             for name, a, b in zip(("dq", "dk", "dv", "dbias"), got, ref):
                 close(f"backward/{name}/{np.dtype(dt).name}/{len(kw)}", a, b, np.dtype(dt))
+    # packed variable-length batches and paged caches: both unit kinds, key
+    # splits, paged heads in lockstep, query-vectorised tiles copied / read run
+    # by run / in one block, block sizes 1, 7, 16, 64; NaN in unused slots
+    nq, nk = np.array([3, 0, 40, 1, 17]), np.array([5, 3, 40, 1300, 0])
+    for dt in (np.float32, np.float64):
+        q = rng.standard_normal((4, nq.sum(), 16)).astype(dt)
+        k = rng.standard_normal((2, nk.sum(), 16)).astype(dt)
+        v = rng.standard_normal((2, nk.sum(), 8)).astype(dt)
+        cq, ck = np.r_[0, np.cumsum(nq)], np.r_[0, np.cumsum(nk)]
+        for kw in ({}, dict(causal="bottom_right", window=(30, 0), softcap=3.0, alibi_slopes=np.full(4, 0.1))):
+            for nt in (1, 2):
+                got = fastattn.attention_varlen(q, k, v, cq, ck, return_lse=True, num_threads=nt, **kw)
+                for name, a, b in zip(("out", "lse"), got, R.attention_varlen(q, k, v, cq, ck, return_lse=True, **kw)):
+                    close(f"varlen/{name}/{np.dtype(dt).name}/{len(kw)}/nt{nt}", a, b, np.dtype(dt))
+        for bs in (1, 7, 16, 64):
+            lens = np.array([700, 45, 3])
+            need = -(-lens // bs)
+            kc = np.full((need.sum() + 2, 2, bs, 16), np.nan)
+            vc = np.full((need.sum() + 2, 2, bs, 16), np.nan)
+            table = np.full((3, need.max() + 1), -1)
+            perm = rng.permutation(kc.shape[0])
+            for s_, (n, start) in enumerate(zip(need, np.r_[0, np.cumsum(need)[:-1]])):
+                table[s_, :n] = perm[start:start + n]
+                for j in range(lens[s_]):
+                    kc[table[s_, j // bs], :, j % bs] = rng.standard_normal((2, 16))
+                    vc[table[s_, j // bs], :, j % bs] = rng.standard_normal((2, 16))
+            kc, vc = kc.astype(dt), vc.astype(dt)
+            for lq in (1, 3):
+                qp = rng.standard_normal((3, 8, lq, 16)).astype(dt)
+                got = fastattn.attention_paged(qp, kc, vc, table, lens, causal="bottom_right", return_lse=True)
+                ref = R.attention_paged(qp, kc, vc, table, lens, causal="bottom_right", return_lse=True)
+                for name, a, b in zip(("out", "lse"), got, ref):
+                    close(f"paged/{name}/{np.dtype(dt).name}/bs{bs}/lq{lq}", a, b, np.dtype(dt))
+            qp = rng.standard_normal((4, 33 + 2, 16)).astype(dt)
+            cu = np.array([0, 33, 34, 35])
+            close(f"paged/packed/{np.dtype(dt).name}/bs{bs}",
+                  fastattn.attention_paged(qp, kc, vc, table, lens, cu_seqlens_q=cu, causal="bottom_right"),
+                  R.attention_paged(qp, kc, vc, table, lens, cu_seqlens_q=cu, causal="bottom_right"), np.dtype(dt))
+    k8 = np.nan_to_num(kc * 20).clip(-100, 100).astype(np.int8)
+    sc = np.full(kc.shape[:3] + (1,), 0.05, np.float32)
+    qp = rng.standard_normal((3, 8, 1, 16)).astype(np.float32)
+    close("paged/int8", fastattn.attention_paged(qp, k8, k8, table, lens, k_scale=sc, v_scale=sc),
+          R.attention_paged(qp, k8, k8, table, lens, k_scale=sc, v_scale=sc), np.float32)
+    close("paged/f16", fastattn.attention_paged(qp, kc.astype(np.float16), vc.astype(np.float16), table, lens),
+          R.attention_paged(qp, kc.astype(np.float16), vc.astype(np.float16), table, lens), np.float32)
+    expect_error("varlen cu", ValueError, fastattn.attention_varlen, q, k, v, cq[::-1], ck)
+    expect_error("paged table", ValueError, fastattn.attention_paged, qp, kc, vc, -table - 2, lens)
     # thread control
     with fastattn.threads(2):
         check_attention("threads_ctx", q, k, v)

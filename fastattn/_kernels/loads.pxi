@@ -9,6 +9,11 @@ cdef inline double scale_at(const Operand *s, int64_t off, int64_t j, int64_t c)
     return (<const float *>s.base)[off + j * s.sr + c * s.sc]
 
 
+cdef inline double key_scale_at(const Plan *P, const Operand *s, int64_t off, int64_t t) noexcept nogil:
+    """A per-key k_scale / v_scale of key t (paged like its cache: row_at)."""
+    return (<const float *>s.base)[off + row_at(P, s, t)]
+
+
 cdef void pack_q(const Plan *P, Workspace *ws, const char *qbase, int64_t b, int64_t nr,
                  int64_t pad, floating dummy) noexcept nogil:
     """Qp[i, :] = scale * q[row i, :] (times the per-channel k_scale of int8 keys),
@@ -50,14 +55,15 @@ cdef void pack_k_tile(const Plan *P, floating *kt, const char *kbase, int64_t t0
         while p0 < n:
             nk = min(NR, n - p0)
             for j in range(nk):
-                offs[j] = (t0 + p0 + j) * sr
+                offs[j] = row_at(P, &P.k, t0 + p0 + j)
+            # (paged keys: the rows W on may lie in another block, or in none)
             stored_pack_transposed(P.k.store, kbase, offs, nk, Dk, <floating>1, kt + (p0 // NR) * Dk * NR, NR,
-                                   W * sr)
+                                   W * sr if P.pages == NULL else 0)
             p0 += NR
     else:
         for j in range(n):
             panel = kt + (j // NR) * Dk * NR + (j % NR)
-            src = kbase + (t0 + j) * sr * P.k.item
+            src = kbase + row_at(P, &P.k, t0 + j) * P.k.item
             for d in range(Dk):
                 panel[d * NR] = <floating>stored_value(P.k.store, src, d * sc)
     # a partial last panel: the QK kernel computes whole vectors of it (one, or
@@ -72,19 +78,28 @@ cdef void pack_k_tile(const Plan *P, floating *kt, const char *kbase, int64_t t0
                 panel[d * NR + j] = 0
 
 
-cdef int pack_rows_widened(const Operand *op, floating *dst, int64_t ld, const char *base, int64_t t0, int64_t n,
-                           int64_t D) noexcept nogil:
+cdef int pack_rows_widened(const Plan *P, const Operand *op, floating *dst, int64_t ld, const char *base, int64_t t0,
+                           int64_t n, int64_t D) noexcept nogil:
     """Copy rows t0..t0+n-1 of D elements of a stored operand (k or v) into dst
     rows ld apart, widened to the compute type, columns D..ld-1 zero when ld
     rounds D up (the P.V kernel runs whole vectors).  Returns 1 when the tile
-    holds an inf or NaN (see pv_rows_exact)."""
-    cdef int64_t j, c, sr = op.sr, sc = op.sc
+    holds an inf or NaN (see pv_rows_exact).  Paged rows: run by run (row_at)."""
+    cdef int64_t j, c, sr = op.sr, sc = op.sc, t, e
     cdef const char *src
     cdef floating x, probe = 0
+    cdef int nonfinite = 0
     if sc == 1:
-        return stored_pack_rows(op.store, base + t0 * sr * op.item, sr, n, D, dst, ld)
+        if P.pages == NULL:
+            return stored_pack_rows(op.store, base + t0 * sr * op.item, sr, n, D, dst, ld)
+        t = t0
+        while t < t0 + n:
+            e = run_end(P, t, t0 + n)
+            nonfinite |= stored_pack_rows(op.store, base + row_at(P, op, t) * op.item, sr, e - t, D,
+                                          dst + (t - t0) * ld, ld)
+            t = e
+        return nonfinite
     for j in range(n):
-        src = base + (t0 + j) * sr * op.item
+        src = base + row_at(P, op, t0 + j) * op.item
         for c in range(D):
             x = <floating>stored_value(op.store, src, c * sc)
             dst[j * ld + c] = x
@@ -98,7 +113,7 @@ cdef inline int pack_v_tile(const Plan *P, floating *vp, int64_t dvp, const char
                             int64_t t0, int64_t n) noexcept nogil:
     """Value rows t0..t0+n-1 into rows of dvp (padding columns zero); 1 when the
     tile holds an inf or NaN."""
-    return pack_rows_widened(&P.v, vp, dvp, vbase, t0, n, P.Dv)
+    return pack_rows_widened(P, &P.v, vp, dvp, vbase, t0, n, P.Dv)
 
 
 cdef int widen_tile(const Plan *P, const Operand *op, int scale_kind, const Operand *sc, int64_t soff,
@@ -110,10 +125,10 @@ cdef int widen_tile(const Plan *P, const Operand *op, int scale_kind, const Oper
     widened tile in place."""
     cdef int64_t j, c
     cdef floating s
-    cdef int nonfinite = pack_rows_widened(op, dst, ld, base, t0, n, D)
+    cdef int nonfinite = pack_rows_widened(P, op, dst, ld, base, t0, n, D)
     if scale_kind == SCALE_PER_KEY:
         for j in range(n):
-            s = <floating>scale_at(sc, soff, t0 + j, 0)
+            s = <floating>key_scale_at(P, sc, soff, t0 + j)
             for c in range(D):
                 dst[j * ld + c] *= s
     elif scale_kind == SCALE_PER_CHANNEL:
@@ -129,7 +144,7 @@ cdef inline void prefetch_tile(const Plan *P, const char *kbase, const char *vba
     cdef int64_t r
     if P.k.sc == 1:
         for r in range(t0, t1):
-            fa_prefetch_bytes(kbase + r * P.k.sr * P.k.item, P.Dk * P.k.item)
+            fa_prefetch_bytes(kbase + row_at(P, &P.k, r) * P.k.item, P.Dk * P.k.item)
     if P.v.sc == 1:
         for r in range(t0, t1):
-            fa_prefetch_bytes(vbase + r * P.v.sr * P.v.item, P.Dv * P.v.item)
+            fa_prefetch_bytes(vbase + row_at(P, &P.v, r) * P.v.item, P.Dv * P.v.item)

@@ -69,6 +69,7 @@ cdef struct Operand:
     int64_t sg                 # stride between query heads of one key/value head group (GQA)
     int64_t sr                 # row stride
     int64_t sc                 # column stride
+    int64_t sp                 # paged k, v (and their scales): stride between cache blocks (row_at)
 
 cdef struct Plan:
     int nb                     # number of batch dims
@@ -89,6 +90,8 @@ cdef struct Plan:
     int64_t *kvlen             # (nbatch * g) valid key counts
     int64_t *kvstart           # (nbatch * g) first valid key (left padding)
     char *slopes               # (nbatch * g) ALiBi slopes, compute dtype
+    const int64_t *pages       # paged k, v (attention_paged): the blocks holding keys 0, page, 2 page, ...
+    int64_t page               # keys per block (NULL pages: the key rows of k, v are sr apart)
 
 
 cdef inline int64_t batch_offset(const Plan *P, const Operand *op, int64_t b) noexcept nogil:
@@ -102,6 +105,24 @@ cdef inline int64_t batch_offset(const Plan *P, const Operand *op, int64_t b) no
         b = b // P.bshape[d]
         off += idx * op.bs[d]
     return off
+
+
+cdef inline int64_t row_at(const Plan *P, const Operand *op, int64_t t) noexcept nogil:
+    """Element offset (past the batch offset) of key row t of k, v or a per-key
+    scale: t rows on, or in a paged cache slot t % page of block pages[t // page]."""
+    if P.pages == NULL:
+        return t * op.sr
+    return P.pages[t // P.page] * op.sp + (t % P.page) * op.sr
+
+
+cdef inline int64_t run_end(const Plan *P, int64_t t, int64_t t1) noexcept nogil:
+    """The end of the run of key rows from t (< t1) stored sr apart: t1, or the
+    end of t's cache block."""
+    cdef int64_t e
+    if P.pages == NULL:
+        return t1
+    e = (t // P.page + 1) * P.page
+    return e if e < t1 else t1
 
 
 cdef int _bfloat16_num = -1      # the type number of ml_dtypes.bfloat16, once seen
@@ -151,6 +172,7 @@ cdef int fill_operand(Operand *op, cnp.ndarray a, int trailing, const Plan *P, i
     op.item = item
     op.store = store_of(a)
     op.sg = 0
+    op.sp = 0
     while (<int64_t>1 << shift) < item:
         shift += 1      # item sizes are powers of two: strides in elements by a shift
     for d in range(P.nb):
@@ -219,6 +241,8 @@ cdef int plan_init(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.nda
     P.kvlen = NULL
     P.kvstart = NULL
     P.slopes = NULL
+    P.pages = NULL
+    P.page = 1
     fill_operand(&P.q, q, 2, P, hq)
     fill_operand(&P.k, k, 2, P, hq)
     fill_operand(&P.v, v, 2, P, hq)

@@ -91,6 +91,8 @@ cdef struct TileSource:
     int64_t vsr, vsc
     int vstore
     int vnf                    # the value tile holds an inf or NaN
+    int kpaged, vpaged         # paged k / v read in place: k, v are the head's rows of the cache,
+    int64_t t0                 # key t0 + j of the tile is found through the block table (paged_reads.pxi)
 
 
 cdef struct KeyRuns:
@@ -234,7 +236,6 @@ cdef void qvec_chunk_scores(const Plan *P, Workspace *ws, const QvecUnit *U, con
     cdef int nv = U.ch_nv[ch], ri, rv0, rw0, nw, v
     cdef floating *qt = <floating *>ws.qt
     cdef floating *st = <floating *>ws.st
-    cdef const floating *kt0 = <const floating *>T.k
     R.n = 0
     if masked and nv > 1:
         for v in range(nv):
@@ -244,15 +245,15 @@ cdef void qvec_chunk_scores(const Plan *P, Workspace *ws, const QvecUnit *U, con
         if R.n == 1 and R.w[0] == nv:
             R.n = 0         # every vector sees every key: one block
     if R.n == 0:
-        qvec_qk_chunk(kt0, T.ksr, T.ksc, qt + c0, ld, P.Dk, st + c0, ld, j0, j1, mx, nv, ch == 0)
+        tile_qk_chunk(P, T, qt + c0, ld, st + c0, ld, j0, j1, mx, nv, ch == 0)
         return
     for ri in range(R.n):
         rv0 = R.v[ri]
         rw0 = R.w[ri]
         while rw0 > 0:
             nw = qvec_chunk_width(rw0)
-            qvec_qk_chunk(kt0, T.ksr, T.ksc, qt + c0 + rv0 * W, ld, P.Dk,
-                          st + c0 + rv0 * W, ld, R.s[ri], R.e[ri], <floating *>NULL, nw, ch == 0)
+            tile_qk_chunk(P, T, qt + c0 + rv0 * W, ld, st + c0 + rv0 * W, ld, R.s[ri], R.e[ri],
+                          <floating *>NULL, nw, ch == 0)
             rv0 += nw
             rw0 -= nw
     # the scores a vector does not see: -inf (the mask pass would set them;
@@ -300,7 +301,6 @@ cdef void qvec_chunk_pv(const Plan *P, Workspace *ws, const QvecUnit *U, const T
     cdef int ri, rv0, rw0, nw
     cdef floating *st = <floating *>ws.st
     cdef floating *ot = <floating *>ws.ot
-    cdef const floating *vt0 = <const floating *>T.v
     cdef const uint8_t *mrow = NULL
     cdef floating p
     if not T.vnf and R.n > 0:
@@ -309,12 +309,11 @@ cdef void qvec_chunk_pv(const Plan *P, Workspace *ws, const QvecUnit *U, const T
             rw0 = R.w[ri]
             while rw0 > 0:
                 nw = qvec_chunk_width(rw0)
-                qvec_pv_chunk(vt0, T.vsr, T.vsc, Dv, st + c0 + rv0 * W, ld,
-                              R.s[ri], R.e[ri], ot + c0 + rv0 * W, ld, nw)
+                tile_pv_chunk(P, T, st + c0 + rv0 * W, ld, R.s[ri], R.e[ri], ot + c0 + rv0 * W, ld, nw)
                 rv0 += nw
                 rw0 -= nw
     elif not T.vnf:
-        qvec_pv_chunk(vt0, T.vsr, T.vsc, Dv, st + c0, ld, j0, j1, ot + c0, ld, U.ch_nv[ch])
+        tile_pv_chunk(P, T, st + c0, ld, j0, j1, ot + c0, ld, U.ch_nv[ch])
     else:
         for i in range(c0, min(c0 + cw, U.nr)):
             jj0 = max(ws.lo[i] - t0, j0)
@@ -328,7 +327,7 @@ cdef void qvec_chunk_pv(const Plan *P, Workspace *ws, const QvecUnit *U, const T
                     continue
                 p = st[j * ld + i]
                 for c in range(Dv):
-                    ot[c * ld + i] += p * <floating>stored_value(T.vstore, T.v, j * T.vsr + c * T.vsc)
+                    ot[c * ld + i] += p * <floating>tile_value(P, T, j, c)
 
 
 cdef void qvec_tile_source(const Plan *P, Workspace *ws, const QvecUnit *U, TileSource *T, int64_t t0, int64_t t1,
@@ -342,9 +341,17 @@ cdef void qvec_tile_source(const Plan *P, Workspace *ws, const QvecUnit *U, Tile
     cdef int native = native_store(<floating>0)
     cdef int64_t kbo = batch_offset(P, &P.k, U.b), vbo = batch_offset(P, &P.v, U.b)
     cdef int64_t ldk = round_up(P.Dk if P.Dk > 0 else 1, W), ldv = round_up(P.Dv if P.Dv > 0 else 1, W)
+    cdef int kind = paged_tile_kind(P, t0, t1)
     T.vnf = 0
-    if P.k.store == native:
-        T.k = stored_at(&P.k, kbo + t0 * P.k.sr)
+    T.t0 = t0
+    T.kpaged = kind == TILE_RUNS and P.k.store == native
+    T.vpaged = kind == TILE_RUNS and P.v.store == native
+    if T.kpaged:
+        T.k = stored_at(&P.k, kbo)
+        T.ksr = P.k.sr
+        T.ksc = P.k.sc
+    elif P.k.store == native and kind == TILE_ROWS:
+        T.k = stored_at(&P.k, kbo + row_at(P, &P.k, t0))
         T.ksr = P.k.sr
         T.ksc = P.k.sc
     else:
@@ -356,8 +363,13 @@ cdef void qvec_tile_source(const Plan *P, Workspace *ws, const QvecUnit *U, Tile
     T.kstore = native
     if not U.need_pv:
         return
-    if P.v.store == native:
-        T.v = stored_at(&P.v, vbo + t0 * P.v.sr)
+    if T.vpaged:
+        T.v = stored_at(&P.v, vbo)
+        T.vsr = P.v.sr
+        T.vsc = P.v.sc
+        T.vnf = paged_nonfinite(P, T.v, t0, t1, <floating>0)
+    elif P.v.store == native and kind == TILE_ROWS:
+        T.v = stored_at(&P.v, vbo + row_at(P, &P.v, t0))
         T.vsr = P.v.sr
         T.vsc = P.v.sc
         T.vnf = block_nonfinite(<const floating *>T.v, t1 - t0, P.Dv, P.v.sr, P.v.sc)

@@ -5,14 +5,17 @@
 
 cdef void pv_rows_exact(const Plan *P, const Workspace *ws, const floating *s, int vstore, const char *vsrc,
                         int64_t ldv, floating *o, int64_t dvp, int64_t r0, int64_t nr, int64_t t0, int64_t n,
-                        int64_t mbo) noexcept nogil:
+                        int64_t mbo, int64_t vbo_paged) noexcept nogil:
     """O += P . V one row at a time over exactly the keys each row sees.
 
     Used for tiles whose values hold inf/NaN: the blocked kernel multiplies the
     zero probabilities of invisible keys by those values too (0 * NaN = NaN), so
-    a NaN in a masked-out KV-cache slot would leak into rows that never see it."""
+    a NaN in a masked-out KV-cache slot would leak into rows that never see it.
+    vbo_paged >= 0: the values are paged rows read in place (batch offset
+    vbo_paged; vsrc, ldv unused)."""
     cdef int64_t i, j, c, a, e, grp, pos
     cdef const uint8_t *mask = NULL
+    cdef const char *vrow
     cdef floating p
     for i in range(nr):
         a = ws.lo[i] - t0
@@ -29,6 +32,11 @@ cdef void pv_rows_exact(const Plan *P, const Workspace *ws, const floating *s, i
             if P.has_mask and not mask[(t0 + j) * P.mask.sc]:
                 continue
             p = s[i * BLOCK_K + j]
+            if vbo_paged >= 0:
+                vrow = stored_at(&P.v, vbo_paged + row_at(P, &P.v, t0 + j))
+                for c in range(P.Dv):
+                    o[i * dvp + c] += p * <floating>stored_value(vstore, vrow, c)
+                continue
             for c in range(P.Dv):
                 o[i * dvp + c] += p * <floating>stored_value(vstore, vsrc, j * ldv + c)
 
@@ -77,6 +85,7 @@ cdef struct RowUnit:
     int few                    # at most FEW_MAX_ROWS rows: the few-rows kernels
     int k_in_place, v_in_place # keys / values read where they are stored (no packing)
     int fuse                   # each tile's P.V pass also computes the next tile's scores
+    int lockstep               # driven tile by tile beside the other heads of a paged block (paged_heads.pxi)
     int need_pv                # a pass that accumulates P.V (all but MODE_STATS)
     int needs_options          # softcap, bias, ALiBi or a mask
     char *s                    # this tile's scores, BLOCK_K apart
@@ -115,7 +124,7 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
     # rows: alternating chunks of FUSE_CHUNK keys, see pv_qk_chunks).  Bit-
     # identical to the separate passes.  The next scores go to rows past the
     # unit's own in the score buffer (FEW_MAX_ROWS of them are reserved).
-    U.fuse = U.few and U.k_in_place and U.v_in_place and U.need_pv and P.k.store == P.v.store
+    U.fuse = U.few and U.k_in_place and U.v_in_place and U.need_pv and P.k.store == P.v.store and not U.lockstep
     U.s = <char *>s
     U.s2 = <char *>(s + rows_alloc(nr) * BLOCK_K)
 
@@ -148,7 +157,9 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
             fill = stats[i] if stats[i] != stats[i] else 0
             for j in range(P.Lk):
                 wrow[j * P.w.sc] = fill
-    if U.fuse and U.lo_all < U.hi_all:
+    if U.fuse and U.lo_all < U.hi_all and P.pages != NULL:
+        paged_qk_rows(P, <floating *>ws.qp, nr, U.kbo, U.lo_all, min(BLOCK_K, U.hi_all - U.lo_all), U.hi_all, s)
+    elif U.fuse and U.lo_all < U.hi_all:
         stored_qk_rows(P.k.store, <floating *>ws.qp, P.Dk, nr, P.Dk, stored_at(&P.k, U.kbo + U.lo_all * P.k.sr),
                        P.k.sr, min(BLOCK_K, U.hi_all - U.lo_all), s, BLOCK_K)
 
@@ -174,7 +185,8 @@ cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t
     elif U.v_in_place:
         # read in place; inf/NaN values are caught after the P.V update
         # (one pass over the values instead of two)
-        vsrc[0] = stored_at(&P.v, U.vbo + t0 * P.v.sr)
+        # (paged values: vsrc unused, the P.V pass reads them run by run)
+        vsrc[0] = stored_at(&P.v, U.vbo + (t0 * P.v.sr if P.pages == NULL else 0))
         ldv[0] = P.v.sr
         vstore[0] = P.v.store
     else:
@@ -186,7 +198,9 @@ cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t
     # S = Qp . Ktᵀ, each register block of rows only over the panels its rows
     # can see (this is what clips the causal diagonal tile)
     i0 = nr if U.k_in_place else 0
-    if U.k_in_place and not U.fuse:
+    if U.k_in_place and not U.fuse and P.pages != NULL:
+        paged_qk_rows(P, qp, nr, U.kbo, t0, n, U.hi_all, s)
+    elif U.k_in_place and not U.fuse:
         stored_qk_rows(P.k.store, qp, Dk, nr, Dk, kbase + t0 * P.k.sr * P.k.item, P.k.sr, n, s, BLOCK_K)
     while i0 < nr:
         rows_key_span(ws, i0, min(i0 + FA_QK_MR, nr), t0, n, &a, &e)
@@ -226,7 +240,7 @@ cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, float
             # int8 keys: q . (k_j * s_j) = (q . k_j) * s_j
             soff = batch_offset(P, &P.ks, U.b) + ws.goff[i] * P.ks.sg
             for j in range(a, e):
-                srow[j] *= <floating>scale_at(&P.ks, soff, t0 + j, 0)
+                srow[j] *= <floating>key_scale_at(P, &P.ks, soff, t0 + j)
         if U.needs_options:
             grp = ws.goff[i]
             pos = U.r0 + i - grp * P.Lq
@@ -268,7 +282,7 @@ cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, float
             # int8 values: sum_j p_j (v_j * s_j) = sum_j (p_j * s_j) v_j (after the row sum)
             soff = batch_offset(P, &P.vs, U.b) + ws.goff[i] * P.vs.sg
             for j in range(a, e):
-                srow[j] *= <floating>scale_at(&P.vs, soff, t0 + j, 0)
+                srow[j] *= <floating>key_scale_at(P, &P.vs, soff, t0 + j)
         for j in range(a):
             srow[j] = 0
         for j in range(e, n):
@@ -287,9 +301,10 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, int vstore, cons
     cdef floating *o = <floating *>ws.o
     cdef floating *vp = <floating *>ws.vp
     cdef floating *qp = <floating *>ws.qp
-    cdef const char *kn = stored_at(&P.k, U.kbo + t1 * P.k.sr)
+    cdef const char *kn = stored_at(&P.k, U.kbo + (t1 * P.k.sr if P.pages == NULL else 0))
+    cdef int64_t vbo_paged = U.vbo if U.v_in_place and P.pages != NULL else -1
     if v_nonfinite:
-        pv_rows_exact(P, ws, s, vstore, vsrc, ldv, o, dvp, U.r0, nr, t0, n, U.mbo)
+        pv_rows_exact(P, ws, s, vstore, vsrc, ldv, o, dvp, U.r0, nr, t0, n, U.mbo, -1)
     elif U.need_pv and U.few:
         rows_key_span(ws, 0, nr, t0, n, &a, &e)
         if a < e:
@@ -302,7 +317,10 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, int vstore, cons
             if U.v_in_place and t0 != U.lo_all:
                 for i in range(nr * dvp):
                     vp[i] = o[i]
-            if U.fuse:
+            if vbo_paged >= 0:
+                nn = min(BLOCK_K, U.hi_all - t1) if U.fuse and t1 < U.hi_all else 0
+                paged_pv_qk(P, U.kbo, U.vbo, s, nr, t0, a, e, o, dvp, qp, t1, nn, s2, U.hi_all)
+            elif U.fuse:
                 nn = min(BLOCK_K, U.hi_all - t1) if t1 < U.hi_all else 0
                 if nr == 1:
                     stored_pv_qk_row1(vstore, s, vsrc, ldv, a, e, o, dvp // W, qp, Dk, kn, P.k.sr, nn, s2)
@@ -313,7 +331,9 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, int vstore, cons
             if U.v_in_place and block_nonfinite(o, nr, P.Dv, dvp, 1):
                 for i in range(nr * dvp):
                     o[i] = vp[i] if t0 != U.lo_all else 0
-                pv_rows_exact(P, ws, s, vstore, vsrc, ldv, o, dvp, U.r0, nr, t0, n, U.mbo)
+                pv_rows_exact(P, ws, s, vstore, vsrc, ldv, o, dvp, U.r0, nr, t0, n, U.mbo, vbo_paged)
+        elif U.fuse and t1 < U.hi_all and P.pages != NULL:
+            paged_qk_rows(P, qp, nr, U.kbo, t1, min(BLOCK_K, U.hi_all - t1), U.hi_all, s2)
         elif U.fuse and t1 < U.hi_all:
             stored_qk_rows(P.k.store, qp, Dk, nr, Dk, kn, P.k.sr, min(BLOCK_K, U.hi_all - t1), s2, BLOCK_K)
         if U.fuse:
@@ -393,6 +413,7 @@ cdef void run_row_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int6
     U.kb = kb
     U.ke = ke
     U.mode = mode
+    U.lockstep = 0
     row_unit_begin(P, ws, &U, stats)
     t0 = U.lo_all
     while t0 < U.hi_all:

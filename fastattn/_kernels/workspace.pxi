@@ -72,7 +72,7 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
     ws.l = NULL
     ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = ws.mtb = ws.mxt = ws.kw = ws.vw = NULL
     if use_qvec:
-        if P.k.store != native or P.v.store != native:
+        if P.k.store != native or P.v.store != native or P.pages != NULL:
             ws.kw = carve(&cur, BLOCK_K * round_up(dk, W) * item)
             ws.vw = carve(&cur, BLOCK_K * dvp * item)
         ws.qt = carve(&cur, dk * ld * item)

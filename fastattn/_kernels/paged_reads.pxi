@@ -1,0 +1,151 @@
+# Paged keys and values (attention_paged) read in place by the few-rows unit
+# (row_unit.pxi): key t of a sequence is slot t % page of cache block
+# pages[t // page] (row_at), so a tile of BLOCK_K keys is a few runs of rows
+# stored one after another.  The in-place readers (scores, P.V, both fused) run
+# once per run; the online softmax still runs once per tile, so a block size
+# of 16 costs a few kernel calls per tile, not a softmax update per block.
+# While a run is read, the first rows of the next one are requested: its block
+# lies anywhere in the cache, out of reach of the readers' own prefetch (a
+# fixed distance ahead within a run).
+
+cdef extern from "simd.h" nogil:
+    int64_t fa_pf_rows_bytes(int64_t bytes)
+
+
+cdef inline void prefetch_run(const Plan *P, const Operand *op, int64_t bo, int64_t t, int64_t lim,
+                              int64_t D) noexcept nogil:
+    """Request the first rows (a prefetch distance of them) of the run of k or v
+    rows from key t, when t < lim (the keys the unit reads)."""
+    cdef int64_t n, r
+    cdef const char *p
+    if t >= lim or op.sc != 1:
+        return
+    n = run_end(P, t, lim) - t
+    r = fa_pf_rows_bytes(D * op.item)
+    if n > r:
+        n = r
+    p = stored_at(op, bo + row_at(P, op, t))
+    for r in range(n):
+        fa_prefetch_bytes(p + r * op.sr * op.item, D * op.item)
+
+
+cdef void paged_qk_rows(const Plan *P, const floating *qp, int64_t nr, int64_t kbo, int64_t t0, int64_t n,
+                        int64_t lim, floating *s) noexcept nogil:
+    """Scores of nr packed query rows against keys t0..t0+n-1 read in place (s
+    rows BLOCK_K apart), one stored_qk_rows call per run; keys up to lim are
+    requested a run ahead."""
+    cdef int64_t t = t0, e
+    while t < t0 + n:
+        e = run_end(P, t, t0 + n)
+        prefetch_run(P, &P.k, kbo, e, lim, P.Dk)
+        stored_qk_rows(P.k.store, qp, P.Dk, nr, P.Dk, stored_at(&P.k, kbo + row_at(P, &P.k, t)), P.k.sr, e - t,
+                       s + (t - t0), BLOCK_K)
+        t = e
+
+
+cdef void paged_pv_qk(const Plan *P, int64_t kbo, int64_t vbo, const floating *p, int64_t nr, int64_t t0,
+                      int64_t a, int64_t e, floating *o, int64_t dvp, const floating *qp, int64_t t1, int64_t nn,
+                      floating *sn, int64_t lim) noexcept nogil:
+    """O += P . V over keys t0+a..t0+e-1 (p rows BLOCK_K apart, indexed from t0)
+    and, with nn > 0, the scores of the next tile's keys t1..t1+nn-1 into sn:
+    the value runs and the next tile's key runs side by side, one fused reader
+    call per pair (fa_pv_qk_row1 for one row, pv_qk_chunks for more), the P.V
+    alone per run without nn.  The same per-key order as the contiguous
+    readers: P.V accumulates key by key, and a score depends on its key alone."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t tv = t0 + a, tk = t1, xv, xk
+    cdef const char *vrow
+    cdef const char *krow
+    while tv < t0 + e or tk < t1 + nn:
+        xv = run_end(P, tv, t0 + e) if tv < t0 + e else tv
+        xk = run_end(P, tk, t1 + nn) if tk < t1 + nn else tk
+        prefetch_run(P, &P.v, vbo, xv, lim, P.Dv)
+        vrow = stored_at(&P.v, vbo + (row_at(P, &P.v, tv) if xv > tv else 0))
+        if nn == 0:
+            stored_pv_rows(P.v.store, p + (tv - t0), BLOCK_K, nr, vrow, P.v.sr, 0, xv - tv, o, dvp, dvp // W)
+        else:
+            prefetch_run(P, &P.k, kbo, xk, lim, P.Dk)
+            krow = stored_at(&P.k, kbo + (row_at(P, &P.k, tk) if xk > tk else 0))
+            if nr == 1:
+                stored_pv_qk_row1(P.v.store, p + (tv - t0), vrow, P.v.sr, 0, xv - tv, o, dvp // W, qp, P.Dk, krow,
+                                  P.k.sr, xk - tk, sn + (tk - t1))
+            else:
+                pv_qk_chunks(P, p + (tv - t0), nr, vrow, 0, xv - tv, o, dvp, qp, krow, xk - tk, sn + (tk - t1))
+        tv = xv
+        tk = xk
+
+
+# ---------------------------------------------------------------- the query-vectorised unit
+# (qvec_unit.pxi): a paged tile of the compute type in one run of slots is read
+# like contiguous rows, one of a few runs in place, its kernels called once per
+# run (TileSource.kpaged / vpaged); a tile of more runs, and other storage
+# types, are widened -- copied -- into the workspace run by run
+# (pack_rows_widened).  Per run, the QK kernel ends on a partial block of keys
+# (16 keys: 6 + 6 + 4) and the P.V kernel reloads its accumulators: measured
+# (AMD EPYC, AVX-512, one thread, 256 queries x 4 heads against 2304 keys, D
+# 128, against contiguous caches) in place 1.15-1.18x the contiguous time at
+# block size 16, 1.10x at 32, 1.035x at 64; copied 1.08x, 1.06x, 1.04-1.05x.
+
+cdef enum:
+    QVEC_RUNS_IN_PLACE = 2   # a tile of at most this many runs is read in place
+    TILE_ROWS = 0            # the tile's rows lie sr apart (contiguous keys, or one run of slots)
+    TILE_RUNS = 1            # paged, read in place run by run
+    TILE_COPY = 2            # paged, copied into the workspace
+
+
+cdef inline int paged_tile_kind(const Plan *P, int64_t t0, int64_t t1) noexcept nogil:
+    """How the query-vectorised unit reads keys t0..t1-1 (TILE_*)."""
+    if P.pages == NULL or run_end(P, t0, t1) == t1:
+        return TILE_ROWS
+    if (t1 - 1) // P.page - t0 // P.page + 1 <= QVEC_RUNS_IN_PLACE:
+        return TILE_RUNS
+    return TILE_COPY
+
+cdef inline void tile_qk_chunk(const Plan *P, const TileSource *T, const floating *qt, int64_t ldq, floating *st,
+                               int64_t lds, int64_t j0, int64_t j1, floating *mx, int nv, int pf) noexcept nogil:
+    """qvec_qk_chunk over keys [j0, j1) of tile T: one call, or one per run of
+    paged slots (a score depends on its key alone: the same bits)."""
+    cdef int64_t j, x
+    if not T.kpaged:
+        qvec_qk_chunk(<const floating *>T.k, T.ksr, T.ksc, qt, ldq, P.Dk, st, lds, j0, j1, mx, nv, pf)
+        return
+    j = j0
+    while j < j1:
+        x = run_end(P, T.t0 + j, T.t0 + j1) - T.t0
+        qvec_qk_chunk(<const floating *>(T.k + row_at(P, &P.k, T.t0 + j) * P.k.item), T.ksr, T.ksc, qt, ldq, P.Dk,
+                      st + j * lds, lds, 0, x - j, mx, nv, pf)
+        j = x
+
+
+cdef inline void tile_pv_chunk(const Plan *P, const TileSource *T, const floating *pt, int64_t lds, int64_t j0,
+                               int64_t j1, floating *ot, int64_t ldo, int nv) noexcept nogil:
+    """qvec_pv_chunk over keys [j0, j1) of tile T: one call, or one per run of
+    paged slots (Ot accumulates key by key: the same bits)."""
+    cdef int64_t j, x
+    if not T.vpaged:
+        qvec_pv_chunk(<const floating *>T.v, T.vsr, T.vsc, P.Dv, pt, lds, j0, j1, ot, ldo, nv)
+        return
+    j = j0
+    while j < j1:
+        x = run_end(P, T.t0 + j, T.t0 + j1) - T.t0
+        qvec_pv_chunk(<const floating *>(T.v + row_at(P, &P.v, T.t0 + j) * P.v.item), T.vsr, T.vsc, P.Dv,
+                      pt + j * lds, lds, 0, x - j, ot, ldo, nv)
+        j = x
+
+
+cdef inline double tile_value(const Plan *P, const TileSource *T, int64_t j, int64_t c) noexcept nogil:
+    """Value c of key j of tile T."""
+    if T.vpaged:
+        return stored_value(T.vstore, T.v, row_at(P, &P.v, T.t0 + j) + c * T.vsc)
+    return stored_value(T.vstore, T.v, j * T.vsr + c * T.vsc)
+
+
+cdef int paged_nonfinite(const Plan *P, const char *vbase, int64_t t0, int64_t t1, floating dummy) noexcept nogil:
+    """Do the paged value rows t0..t1-1 (of the compute type) hold an inf or NaN?"""
+    cdef int64_t t = t0, x
+    while t < t1:
+        x = run_end(P, t, t1)
+        if block_nonfinite(<const floating *>(vbase + row_at(P, &P.v, t) * P.v.item), x - t, P.Dv, P.v.sr, P.v.sc):
+            return 1
+        t = x
+    return 0
