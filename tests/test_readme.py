@@ -1,7 +1,9 @@
 """The README's code runs: every ```python block, each in a fresh namespace.
 
 Each snippet must define its own arrays (a user copies one, not the page), so
-the blocks are executed one by one, not as one script.  Also checked: the two
+the blocks are executed one by one, not as one script.  ```py blocks are
+fragments that need a model download or a cluster (transformers, Dask); the
+tests of those integrations run the same calls on small inputs.  Also checked: the two
 commands at the top, the links into the docs, and the README's length.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ PYTHON = [(code, line) for lang, code, line in BLOCKS if lang == "python"]
 
 
 def test_the_readme_has_snippets():
-    # decode with a KV cache, causal prefill, GQA / bottom-right, masks, softmax, threads
+    # decode with a KV cache and GQA, causal prefill, masks, storage types, serving, training, softmax
     assert len(PYTHON) >= 6
 
 
