@@ -49,6 +49,9 @@ OPTIONAL = {
     "fastattn.dask.softmax": ("Parameters", "Raises"),
     "fastattn.dask.log_softmax": ("Parameters", "Raises"),
     "fastattn.integrations.torch.attention": ("Parameters", "Raises"),
+    "fastattn.integrations.torch.scaled_dot_product_attention": ("Parameters", "Raises"),
+    "fastattn.integrations.torch.softmax": ("Parameters", "Raises"),
+    "fastattn.integrations.torch.log_softmax": ("Parameters", "Raises"),
     "fastattn.integrations.transformers.register": ("Parameters",),
     "fastattn.integrations.transformers.attention_forward": ("Parameters", "Raises"),
 }

@@ -262,9 +262,62 @@ class AttentionFunction(torch.autograd.Function):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  *, scale=None, enable_gqa=False):
-    """:func:`fastattn.scaled_dot_product_attention` for torch tensors (differentiable
-    like :func:`attention`).  The arguments mean what they mean in
-    ``torch.nn.functional.scaled_dot_product_attention``."""
+    """torch's ``scaled_dot_product_attention`` computed by fastattn, on tensors.
+
+    A drop-in for ``torch.nn.functional.scaled_dot_product_attention`` on CPU
+    tensors: the arguments mean what they mean there (a boolean ``attn_mask``
+    is ``True`` where a query may attend, a float one is added to the scores),
+    and the call is :func:`attention` with the matching fastattn options, so
+    it is differentiable the same way.
+
+    Parameters
+    ----------
+    query : torch.Tensor, shape (..., Hq, Lq, Dk)
+        Queries.
+    key : torch.Tensor, shape (..., Hkv, Lk, Dk)
+        Keys.
+    value : torch.Tensor, shape (..., Hkv, Lk, Dv)
+        Values.
+    attn_mask : torch.Tensor or array_like, optional
+        Boolean (``True`` = may attend) or float (added to the scores) mask,
+        broadcastable to ``(..., Hq, Lq, Lk)``.
+    dropout_p : float, default 0.0
+        Must be 0: fastattn has no dropout.
+    is_causal : bool, default False
+        Query ``i`` sees keys ``j <= i`` (top-left aligned, as torch).
+    scale : float, optional
+        Score scale; default ``1 / sqrt(Dk)``.
+    enable_gqa : bool, default False
+        Allow ``Hq`` to be a multiple of ``Hkv`` (grouped-query heads).
+
+    Returns
+    -------
+    torch.Tensor, shape (..., Hq, Lq, Dv)
+        The attention output (it requires grad when an input does).
+
+    Raises
+    ------
+    ValueError
+        ``dropout_p`` other than 0, ``attn_mask`` together with ``is_causal``,
+        grouped heads without ``enable_gqa``, and the shape errors of
+        :func:`fastattn.attention`.
+    TypeError
+        As :func:`attention`.
+
+    See Also
+    --------
+    fastattn.scaled_dot_product_attention : The same on NumPy arrays.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fastattn.integrations.torch import scaled_dot_product_attention
+    >>> q, k, v = (torch.randn(1, 4, 16, 32) for _ in range(3))
+    >>> ours = scaled_dot_product_attention(q, k, v, is_causal=True)
+    >>> theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    >>> bool(torch.allclose(ours, theirs, atol=1e-6))
+    True
+    """
     if isinstance(attn_mask, torch.Tensor):
         if attn_mask.dtype == torch.bool:
             kind = "b"
@@ -313,10 +366,98 @@ def _softmax(x, axis, out, num_threads, log_mode):
 
 
 def softmax(x, axis=-1, *, out=None, num_threads=None):
-    """:func:`fastattn.softmax` for torch tensors, differentiable (same arguments)."""
+    """:func:`fastattn.softmax` on torch tensors, differentiably.
+
+    The softmax of ``x`` along ``axis``, computed by fastattn's kernels on the
+    tensor's memory (no copy); when grad mode is on and ``x`` requires grad, the
+    result does too (the backward is written in torch operations on the saved
+    result, so it is differentiable again).
+
+    Parameters
+    ----------
+    x : torch.Tensor or array_like
+        Input; a CPU tensor (float32, float64, float16 or bfloat16) or anything
+        :func:`fastattn.softmax` takes.
+    axis : int or None, default -1
+        The axis to normalise along; None for the whole array.
+    out : torch.Tensor, optional
+        Written in place and returned (of the result's shape and dtype); not
+        allowed when a gradient is needed.
+    num_threads : int, optional
+        Threads for this call (see :func:`fastattn.set_num_threads`).
+
+    Returns
+    -------
+    torch.Tensor
+        The softmax, of ``x``'s shape and dtype (``out`` itself when given).
+
+    Raises
+    ------
+    TypeError
+        ``out`` given while a gradient is needed, a tensor that is not on the
+        CPU or not dense, and the TypeErrors of :func:`fastattn.softmax`.
+    ValueError
+        As :func:`fastattn.softmax` (an axis out of range).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fastattn.integrations.torch import softmax
+    >>> x = torch.randn(4, 10, requires_grad=True)
+    >>> y = softmax(x, axis=-1)
+    >>> bool(torch.allclose(y, torch.softmax(x, dim=-1), atol=1e-6))
+    True
+    >>> y.sum().backward()
+    >>> x.grad.shape
+    torch.Size([4, 10])
+    """
     return _softmax(x, axis, out, num_threads, False)
 
 
 def log_softmax(x, axis=-1, *, out=None, num_threads=None):
-    """:func:`fastattn.log_softmax` for torch tensors, differentiable (same arguments)."""
+    """:func:`fastattn.log_softmax` on torch tensors, differentiably.
+
+    The log-softmax of ``x`` along ``axis``, computed by fastattn's kernels on the
+    tensor's memory (no copy); when grad mode is on and ``x`` requires grad, the
+    result does too (the backward is written in torch operations on the saved
+    result, so it is differentiable again).
+
+    Parameters
+    ----------
+    x : torch.Tensor or array_like
+        Input; a CPU tensor (float32, float64, float16 or bfloat16) or anything
+        :func:`fastattn.log_softmax` takes.
+    axis : int or None, default -1
+        The axis to normalise along; None for the whole array.
+    out : torch.Tensor, optional
+        Written in place and returned (of the result's shape and dtype); not
+        allowed when a gradient is needed.
+    num_threads : int, optional
+        Threads for this call (see :func:`fastattn.set_num_threads`).
+
+    Returns
+    -------
+    torch.Tensor
+        The log-softmax, of ``x``'s shape and dtype (``out`` itself when given).
+
+    Raises
+    ------
+    TypeError
+        ``out`` given while a gradient is needed, a tensor that is not on the
+        CPU or not dense, and the TypeErrors of :func:`fastattn.log_softmax`.
+    ValueError
+        As :func:`fastattn.log_softmax` (an axis out of range).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fastattn.integrations.torch import log_softmax
+    >>> x = torch.randn(4, 10, requires_grad=True)
+    >>> y = log_softmax(x, axis=-1)
+    >>> bool(torch.allclose(y, torch.log_softmax(x, dim=-1), atol=1e-6))
+    True
+    >>> y.sum().backward()
+    >>> x.grad.shape
+    torch.Size([4, 10])
+    """
     return _softmax(x, axis, out, num_threads, True)
