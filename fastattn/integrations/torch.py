@@ -262,7 +262,7 @@ class AttentionFunction(torch.autograd.Function):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  *, scale=None, enable_gqa=False):
-    """torch's ``scaled_dot_product_attention`` computed by fastattn, on tensors.
+    """Compute torch's ``scaled_dot_product_attention`` with fastattn, on tensors.
 
     A drop-in for ``torch.nn.functional.scaled_dot_product_attention`` on CPU
     tensors: the arguments mean what they mean there (a boolean ``attn_mask``
@@ -399,6 +399,10 @@ def softmax(x, axis=-1, *, out=None, num_threads=None):
     ValueError
         As :func:`fastattn.softmax` (an axis out of range).
 
+    See Also
+    --------
+    fastattn.softmax : The same on NumPy arrays.
+
     Examples
     --------
     >>> import torch
@@ -447,6 +451,10 @@ def log_softmax(x, axis=-1, *, out=None, num_threads=None):
         CPU or not dense, and the TypeErrors of :func:`fastattn.log_softmax`.
     ValueError
         As :func:`fastattn.log_softmax` (an axis out of range).
+
+    See Also
+    --------
+    fastattn.log_softmax : The same on NumPy arrays.
 
     Examples
     --------
