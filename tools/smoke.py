@@ -14,11 +14,16 @@ fastattn.reference.  Exits 1 (after printing the failures) on any mismatch.
 """
 from __future__ import annotations
 
+import glob
 import os
 import sys
 
-# the source tree this script lives in (an in-place build), ahead of anything installed
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the source tree this script lives in, ahead of anything installed, when it is built in
+# place (an unbuilt checkout would shadow the installed fastattn with its bare sources)
+_TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if glob.glob(os.path.join(_TREE, "fastattn", "_kernels", "_cpu*.so")) or glob.glob(
+        os.path.join(_TREE, "fastattn", "_kernels", "_cpu*.pyd")):
+    sys.path.insert(0, _TREE)
 
 import numpy as np  # noqa: E402
 
@@ -122,7 +127,7 @@ def main():
             kd = rng.standard_normal((1, 2, 1100, D)).astype(dt)
             vd = rng.standard_normal((1, 2, 1100, Dv)).astype(dt)
             check_attention(f"decode_split/{tag}", q[:1, :, :1], kd, vd, return_lse=True, **base)
-            check_attention(f"decode_gqa/{tag}", q4[:1, :, :1], kd, vd, kv_lengths=np.array([1100, 700, 900, 50]),
+            check_attention(f"decode_gqa/{tag}", q4[:1, :, :1], kd, vd, kv_lengths=np.array([[1100, 700, 900, 50]]),
                             **base)
             # strided, broadcast, out=
             check_attention(f"strided/{tag}", q[:, :, ::-2], np.swapaxes(np.swapaxes(k, 1, 2).copy(), 1, 2),
