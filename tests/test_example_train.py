@@ -3,9 +3,13 @@ import importlib.util
 import os
 
 import numpy as np
+import pytest
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
                        "train_tiny_transformer.py")
+
+if not os.path.exists(EXAMPLE):     # tests copied out of the checkout (wheel checks)
+    pytest.skip(f"no {EXAMPLE}", allow_module_level=True)
 
 
 def _example():
