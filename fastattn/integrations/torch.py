@@ -365,10 +365,9 @@ def _softmax(x, axis, out, num_threads, log_mode):
     return _wrap(result, out if isinstance(out, torch.Tensor) else None)
 
 
-def softmax(x, axis=-1, *, out=None, num_threads=None):
-    """:func:`fastattn.softmax` on torch tensors, differentiably.
+_SOFTMAX_DOC = """:func:`fastattn.{fn}` on torch tensors, differentiably.
 
-    The softmax of ``x`` along ``axis``, computed by fastattn's kernels on the
+    The {what} of ``x`` along ``axis``, computed by fastattn's kernels on the
     tensor's memory (no copy); when grad mode is on and ``x`` requires grad, the
     result does too (the backward is written in torch operations on the saved
     result, so it is differentiable again).
@@ -377,7 +376,7 @@ def softmax(x, axis=-1, *, out=None, num_threads=None):
     ----------
     x : torch.Tensor or array_like
         Input; a CPU tensor (float32, float64, float16 or bfloat16) or anything
-        :func:`fastattn.softmax` takes.
+        :func:`fastattn.{fn}` takes.
     axis : int or None, default -1
         The axis to normalise along; None for the whole array.
     out : torch.Tensor, optional
@@ -389,83 +388,41 @@ def softmax(x, axis=-1, *, out=None, num_threads=None):
     Returns
     -------
     torch.Tensor
-        The softmax, of ``x``'s shape and dtype (``out`` itself when given).
+        The {what}, of ``x``'s shape and dtype (``out`` itself when given).
 
     Raises
     ------
     TypeError
         ``out`` given while a gradient is needed, a tensor that is not on the
-        CPU or not dense, and the TypeErrors of :func:`fastattn.softmax`.
+        CPU or not dense, and the TypeErrors of :func:`fastattn.{fn}`.
     ValueError
-        As :func:`fastattn.softmax` (an axis out of range).
+        As :func:`fastattn.{fn}` (an axis out of range).
 
     See Also
     --------
-    fastattn.softmax : The same on NumPy arrays.
+    fastattn.{fn} : The same on NumPy arrays.
 
     Examples
     --------
     >>> import torch
-    >>> from fastattn.integrations.torch import softmax
+    >>> from fastattn.integrations.torch import {fn}
     >>> x = torch.randn(4, 10, requires_grad=True)
-    >>> y = softmax(x, axis=-1)
-    >>> bool(torch.allclose(y, torch.softmax(x, dim=-1), atol=1e-6))
+    >>> y = {fn}(x, axis=-1)
+    >>> bool(torch.allclose(y, torch.{fn}(x, dim=-1), atol=1e-6))
     True
     >>> y.sum().backward()
     >>> x.grad.shape
     torch.Size([4, 10])
     """
+
+
+def softmax(x, axis=-1, *, out=None, num_threads=None):
     return _softmax(x, axis, out, num_threads, False)
 
 
 def log_softmax(x, axis=-1, *, out=None, num_threads=None):
-    """:func:`fastattn.log_softmax` on torch tensors, differentiably.
-
-    The log-softmax of ``x`` along ``axis``, computed by fastattn's kernels on the
-    tensor's memory (no copy); when grad mode is on and ``x`` requires grad, the
-    result does too (the backward is written in torch operations on the saved
-    result, so it is differentiable again).
-
-    Parameters
-    ----------
-    x : torch.Tensor or array_like
-        Input; a CPU tensor (float32, float64, float16 or bfloat16) or anything
-        :func:`fastattn.log_softmax` takes.
-    axis : int or None, default -1
-        The axis to normalise along; None for the whole array.
-    out : torch.Tensor, optional
-        Written in place and returned (of the result's shape and dtype); not
-        allowed when a gradient is needed.
-    num_threads : int, optional
-        Threads for this call (see :func:`fastattn.set_num_threads`).
-
-    Returns
-    -------
-    torch.Tensor
-        The log-softmax, of ``x``'s shape and dtype (``out`` itself when given).
-
-    Raises
-    ------
-    TypeError
-        ``out`` given while a gradient is needed, a tensor that is not on the
-        CPU or not dense, and the TypeErrors of :func:`fastattn.log_softmax`.
-    ValueError
-        As :func:`fastattn.log_softmax` (an axis out of range).
-
-    See Also
-    --------
-    fastattn.log_softmax : The same on NumPy arrays.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from fastattn.integrations.torch import log_softmax
-    >>> x = torch.randn(4, 10, requires_grad=True)
-    >>> y = log_softmax(x, axis=-1)
-    >>> bool(torch.allclose(y, torch.log_softmax(x, dim=-1), atol=1e-6))
-    True
-    >>> y.sum().backward()
-    >>> x.grad.shape
-    torch.Size([4, 10])
-    """
     return _softmax(x, axis, out, num_threads, True)
+
+
+softmax.__doc__ = _SOFTMAX_DOC.format(fn="softmax", what="softmax")
+log_softmax.__doc__ = _SOFTMAX_DOC.format(fn="log_softmax", what="log-softmax")
