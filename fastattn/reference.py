@@ -373,6 +373,26 @@ def _kv_scaled(kv64, kv_raw, scale, name, kvname):
     return kv64 * s
 
 
+def _group_heads(q, k, v):
+    """Grouped-query / multi-query heads: when q has g > 1 times the heads (axis -3)
+    of k and v, query head h uses kv head h // g, so k and v are repeated g times.
+    Returns (k, v, g, batch shape of q, k, v), or raises ValueError (naming the
+    shapes as given) when the batch dims do not broadcast."""
+    g = 1
+    kg, vg = k, v
+    if q.ndim >= 3 and k.ndim >= 3 and v.ndim >= 3:
+        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+        if hk == hv and hk > 0 and hq != hk and hq % hk == 0:
+            g = hq // hk
+            kg = np.repeat(k, g, axis=-3)
+            vg = np.repeat(v, g, axis=-3)
+    try:
+        batch = np.broadcast_shapes(q.shape[:-2], kg.shape[:-2], vg.shape[:-2])
+    except ValueError:
+        raise ValueError(f"batch dimensions of q, k, v are not broadcastable: "
+                         f"q.shape={q.shape}, k.shape={k.shape}, v.shape={v.shape}") from None
+    return kg, vg, g, batch
+
 def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
               kv_lengths=None, kv_start=None, align="top_left", softcap=None, alibi_slopes=None,
               k_scale=None, v_scale=None, return_weights=False, return_lse=False):
@@ -503,21 +523,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
             f"k.shape={k.shape}, v.shape={v.shape}"
         )
 
-    # Grouped-query / multi-query heads: query head h uses kv head h // g.
-    if q.ndim >= 3 and k.ndim >= 3 and v.ndim >= 3:
-        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
-        if hk == hv and hk > 0 and hq != hk and hq % hk == 0:
-            g = hq // hk
-            k = np.repeat(k, g, axis=-3)
-            v = np.repeat(v, g, axis=-3)
-
-    try:
-        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except ValueError:
-        raise ValueError(
-            f"batch dimensions of q, k, v are not broadcastable: "
-            f"q.shape={q.shape}, k.shape={k.shape}, v.shape={v.shape}"
-        ) from None
+    k, v, _, batch = _group_heads(q, k, v)
     full = batch + (Lq, Lk)
 
     scale = _check_scale(scale, Dk)
@@ -771,20 +777,7 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
     if return_dbias and bias is None:
         raise ValueError("return_dbias=True needs a bias")
     q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
-
-    # grouped-query / multi-query heads, as in attention()
-    g = 1
-    if q.ndim >= 3 and k.ndim >= 3 and v.ndim >= 3:
-        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
-        if hk == hv and hk > 0 and hq != hk and hq % hk == 0:
-            g = hq // hk
-            k = np.repeat(k, g, axis=-3)
-            v = np.repeat(v, g, axis=-3)
-    try:
-        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except ValueError:
-        raise ValueError(f"batch dimensions of q, k, v are not broadcastable: "
-                         f"q.shape={q_shape}, k.shape={k_shape}, v.shape={v_shape}") from None
+    k, v, g, batch = _group_heads(q, k, v)
     full = batch + (Lq, Lk)
     grad_out = _check_grad_operand(grad_out, "grad_out", batch + (Lq, Dv))
     out = _check_grad_operand(out, "out", batch + (Lq, Dv))
@@ -991,7 +984,6 @@ def _paged_scale(scale, name, cache, cname):
     if scale is None:
         return
     s = np.asarray(scale)
-    per_channel = cache.shape[:2] + (1, cache.shape[3])
     per_key = cache.shape[:3] + (1,)
     try:
         key_fit = s.ndim <= 4 and np.broadcast_shapes(s.shape, per_key) == per_key
@@ -1093,7 +1085,7 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
         raise ValueError(f"block_size (axis 2 of k_cache) must be >= 1, got {bs}")
     packed = cu_seqlens_q is not None
     if q.ndim != (3 if packed else 4):
-        raise ValueError(f"q must be " + ("3-D (Hq, total_q, Dk) with cu_seqlens_q" if packed
+        raise ValueError("q must be " + ("3-D (Hq, total_q, Dk) with cu_seqlens_q" if packed
                                           else "4-D (S, Hq, Lq, Dk) without cu_seqlens_q") + f", got shape {q.shape}")
     hq = q.shape[-3]
     if q.shape[-1] != kc.shape[3]:
