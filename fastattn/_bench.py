@@ -459,27 +459,45 @@ def _blocked(allowed):
     return None if allowed is None else ~allowed[:, :, None]
 
 
+def _check_rows(case, np):
+    """The query rows the float64 checks compare: all of up to 96, else the first
+    and last 32 and 32 in between."""
+    Lq = case["Lq"]
+    return np.arange(Lq) if Lq <= 96 else np.unique(np.r_[0:32, Lq - 32:Lq, np.linspace(0, Lq - 1, 32).astype(int)])
+
+
+def _check_heads(case, inputs, rows, np):
+    """(b, h, q, k, v) for the two (batch, query head) pairs the float64 checks
+    compare: q's rows and its key/value head's k, v in float64, int8 scales applied."""
+    group = case["Hq"] // case["Hkv"]
+    for b, h in sorted({(0, 0), (case["B"] - 1, case["Hq"] - 1)}):
+        kv = slice(h // group, h // group + 1)
+        q = inputs["q"][b:b + 1, h:h + 1, rows].astype(np.float64)
+        k = inputs["k"][b:b + 1, kv].astype(np.float64)
+        v = inputs["v"][b:b + 1, kv].astype(np.float64)
+        if "k_scale" in inputs:
+            k = k * inputs["k_scale"][b:b + 1, kv]
+            v = v * inputs["v_scale"][b:b + 1, kv]
+        yield b, h, q, k, v
+
+
+def _float64_outputs(case, inputs, out, rows, np):
+    """(got, exact) float64 output rows of each pair of _check_heads."""
+    for b, h, q, k, v in _check_heads(case, inputs, rows, np):
+        ref = naive_attention(q, k, v, 1.0 / math.sqrt(case["D"]),
+                              _blocked(allowed_mask(case, inputs, np, rows=rows, batch=b)), np,
+                              bias=alibi_bias(case, inputs, np, rows=rows, heads=[h]))[0, 0]
+        yield np.asarray(out[b, h, rows], dtype=np.float64), ref
+
+
 def rms_against_float64(case, inputs, out, np):
     """Relative RMS error of a forward attention output against the float64
     computation on the same (widened) inputs, over the slice of
     check_against_float64; None for other kinds of case."""
     if case["kind"] != "attention" or case.get("backward"):
         return None
-    Lq = case["Lq"]
-    rows = np.arange(Lq) if Lq <= 96 else np.unique(np.r_[0:32, Lq - 32:Lq, np.linspace(0, Lq - 1, 32).astype(int)])
-    group = case["Hq"] // case["Hkv"]
     num = den = 0.0
-    for b, h in {(0, 0), (case["B"] - 1, case["Hq"] - 1)}:
-        q = inputs["q"][b:b + 1, h:h + 1, rows].astype(np.float64)
-        k = inputs["k"][b:b + 1, h // group:h // group + 1].astype(np.float64)
-        v = inputs["v"][b:b + 1, h // group:h // group + 1].astype(np.float64)
-        if "k_scale" in inputs:
-            k = k * inputs["k_scale"][b:b + 1, h // group:h // group + 1]
-            v = v * inputs["v_scale"][b:b + 1, h // group:h // group + 1]
-        ref = naive_attention(q, k, v, 1.0 / math.sqrt(case["D"]),
-                              _blocked(allowed_mask(case, inputs, np, rows=rows, batch=b)), np,
-                              bias=alibi_bias(case, inputs, np, rows=rows, heads=[h]))[0, 0]
-        got = np.asarray(out[b, h, rows], dtype=np.float64)
+    for got, ref in _float64_outputs(case, inputs, out, _check_rows(case, np), np):
         num += float(np.sum((got - ref) ** 2))
         den += float(np.sum(ref ** 2))
     return math.sqrt(num / den) if den > 0 else None
@@ -500,41 +518,19 @@ def check_against_float64(case, inputs, out, np):
         e = np.exp(x - x.max(axis=-1, keepdims=True))
         ref = e / e.sum(axis=-1, keepdims=True)
         return float(np.max(np.abs(np.asarray(out[:64], dtype=np.float64) - ref)))
-    Lq = case["Lq"]
-    rows = np.arange(Lq) if Lq <= 96 else np.unique(np.r_[0:32, Lq - 32:Lq, np.linspace(0, Lq - 1, 32).astype(int)])
+    rows = _check_rows(case, np)
     if case.get("backward"):
         return _check_dq_against_float64(case, inputs, out[0], rows, np)
-    group = case["Hq"] // case["Hkv"]
-    worst = 0.0
-    for b, h in {(0, 0), (case["B"] - 1, case["Hq"] - 1)}:
-        q = inputs["q"][b:b + 1, h:h + 1, rows].astype(np.float64)
-        k = inputs["k"][b:b + 1, h // group:h // group + 1].astype(np.float64)
-        v = inputs["v"][b:b + 1, h // group:h // group + 1].astype(np.float64)
-        if "k_scale" in inputs:
-            k = k * inputs["k_scale"][b:b + 1, h // group:h // group + 1]
-            v = v * inputs["v_scale"][b:b + 1, h // group:h // group + 1]
-        ref = naive_attention(q, k, v, 1.0 / math.sqrt(case["D"]),
-                              _blocked(allowed_mask(case, inputs, np, rows=rows, batch=b)), np,
-                              bias=alibi_bias(case, inputs, np, rows=rows, heads=[h]))
-        got = np.asarray(out[b, h, rows], dtype=np.float64)
-        worst = max(worst, float(np.max(np.abs(got - ref[0, 0]))))
-    return worst
+    return max(float(np.max(np.abs(got - ref))) for got, ref in _float64_outputs(case, inputs, out, rows, np))
 
 
 def _check_dq_against_float64(case, inputs, dq, rows, np):
     """Largest |dq - exact| over the rows of check_against_float64: a row's dq
     depends on that row alone (its probabilities, output and gradient), so a
     slice of rows against all keys is exact (dk and dv would need every row)."""
-    group = case["Hq"] // case["Hkv"]
     scale = 1.0 / math.sqrt(case["D"])
     worst = 0.0
-    for b, h in {(0, 0), (case["B"] - 1, case["Hq"] - 1)}:
-        q = inputs["q"][b:b + 1, h:h + 1, rows].astype(np.float64)
-        k = inputs["k"][b:b + 1, h // group:h // group + 1].astype(np.float64)
-        v = inputs["v"][b:b + 1, h // group:h // group + 1].astype(np.float64)
-        if "k_scale" in inputs:
-            k = k * inputs["k_scale"][b:b + 1, h // group:h // group + 1]
-            v = v * inputs["v_scale"][b:b + 1, h // group:h // group + 1]
+    for b, h, q, k, v in _check_heads(case, inputs, rows, np):
         g = inputs["grad"][b:b + 1, h:h + 1, rows].astype(np.float64)
         p = naive_probabilities(q, k, scale, _blocked(allowed_mask(case, inputs, np, rows=rows, batch=b)), np,
                                 bias=alibi_bias(case, inputs, np, rows=rows, heads=[h]))
@@ -613,7 +609,7 @@ def _serving_torch(torch, F, case, inputs, np):
     kc, vc = torch.from_numpy(inputs["k_cache"]), torch.from_numpy(inputs["v_cache"])
     table = torch.from_numpy(inputs["block_table"])
     lens = torch.from_numpy(inputs["seq_lens"])
-    S, Hkv, bs, Lq = case["S"], case["Hkv"], case["block_size"], case["Lq"]
+    S, Hkv, Lq = case["S"], case["Hkv"], case["Lq"]
     gqa = case["Hq"] != Hkv
 
     def step():
