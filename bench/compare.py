@@ -324,9 +324,9 @@ def print_report(results, ceil, rows, out=None):
             fe, te = r["rms_err"]["fastattn"], r["rms_err"]["torch"]
             p(f"| {r['id']} | {r['case'].get('kv_dtype') or r['case']['dtype']} | {fe:.2e} | {te:.2e} | "
               f"{_fmt(fe / te if te else None, '.2f')} |")
+    by_id = {r["id"]: r for r in rows}     # a case's float32 twin or serving baseline
     twins = [r for r in rows if r["case"].get("twin")]
     if twins:
-        by_id = {r["id"]: r for r in rows}
         p("\nStorage types against fastattn's own float32 on the same shape (bandwidth counted in "
           "stored bytes):\n")
         p("| case | stored as | fastattn | float32 twin | twin / case | GB/s stored | % read bw |")
@@ -339,7 +339,6 @@ def print_report(results, ceil, rows, out=None):
               f"{_fmt(r.get('gbs'), '.1f')} | {_fmt(r.get('pct_bw'), '.0f', '%')} |")
     serving = [r for r in rows if r["case"].get("baseline")]
     if serving:
-        by_id = {r["id"]: r for r in rows}
         p("\nServing cases against fastattn's own baseline and torch (targets: baseline / case and torch / case "
           "at least):\n")
         p("| case | fastattn | baseline | baseline time | baseline / case | target | torch / case | target |")
