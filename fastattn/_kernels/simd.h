@@ -202,30 +202,46 @@ static inline void fa_free(void *p)
     if (p) free(((void **)p)[-1]);
 }
 
-/* Per-thread reuse of the workspace arena: a thread's last arena (up to
- * FA_ARENA_KEEP bytes) is kept for its next call instead of being freed, so a
- * small call costs no malloc / free pair (two of them were a tenth of a 3 x 3
- * attention call).  take removes the arena from the thread's slot while it is
- * used (a nested or concurrent use on the thread gets its own); give puts it
- * back, or frees it.  The slot is freed when the thread exits (a POSIX key
- * destructor); without POSIX threads every arena is simply allocated and freed. */
+/* Per-thread reuse of workspace arenas: the arenas a thread gives back (each up
+ * to FA_ARENA_KEEP bytes, FA_ARENA_SLOTS of them, FA_ARENA_KEEP_TOTAL bytes in
+ * all) are kept for its next calls instead of being freed, so a call costs no
+ * malloc / free pairs (two of them were a tenth of a 3 x 3 attention call).
+ * Several slots because a paged decode runs HEADS_LOCKSTEP workspaces per
+ * thread beside a work list's row and query-vectorised ones: with one slot, all
+ * but one of them were allocated and freed per call, and glibc gave those
+ * (~170 KiB each, above its mmap threshold) back to the kernel, so every call
+ * page-faulted them in again: 78 us for a 16-key paged decode (S1 Hq32 Hkv8
+ * D128, one thread, Intel Xeon) against 26 us with glibc told to keep memory
+ * (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_).  take removes the smallest
+ * arena that is large enough from the thread's slots while it is used (a nested
+ * or concurrent use on the thread gets its own); give puts it back -- into a
+ * free slot, or in place of a smaller kept one -- or frees it.  The slots are
+ * freed when the thread exits (a POSIX key destructor); without POSIX threads
+ * every arena is simply allocated and freed. */
 #ifndef FA_ARENA_KEEP
 #  define FA_ARENA_KEEP ((size_t)1 << 20)
+#endif
+#ifndef FA_ARENA_SLOTS
+#  define FA_ARENA_SLOTS 12
+#endif
+#ifndef FA_ARENA_KEEP_TOTAL
+#  define FA_ARENA_KEEP_TOTAL ((size_t)4 << 20)
 #endif
 #if defined(_WIN32) || !defined(__unix__) && !defined(__APPLE__)
 static inline void *fa_arena_take(size_t n) { return fa_alloc(n); }
 static inline void fa_arena_give(void *p, size_t n) { (void)n; fa_free(p); }
 #else
 #include <pthread.h>
-struct fa_arena_slot { void *p; size_t n; };
+struct fa_arena_slot { void *p[FA_ARENA_SLOTS]; size_t n[FA_ARENA_SLOTS]; size_t total; };
 static pthread_key_t fa_arena_key;
 static pthread_once_t fa_arena_once = PTHREAD_ONCE_INIT;
 static int fa_arena_key_ok = 0;
 
 static void fa_arena_slot_free(void *slot)
 {
-    fa_free(((struct fa_arena_slot *)slot)->p);
-    free(slot);
+    struct fa_arena_slot *a = (struct fa_arena_slot *)slot;
+    for (int i = 0; i < FA_ARENA_SLOTS; i++) fa_free(a->p[i]);
+    free(a);
 }
 
 static void fa_arena_key_init(void)
@@ -251,11 +267,17 @@ static inline struct fa_arena_slot *fa_arena_slot_get(void)
 static inline void *fa_arena_take(size_t n)
 {
     struct fa_arena_slot *a = n <= FA_ARENA_KEEP ? fa_arena_slot_get() : NULL;
-    if (a && a->p && a->n >= n) {
-        void *p = a->p;
-        a->p = NULL;
-        a->n = 0;
-        return p;
+    if (a) {
+        int best = -1;
+        for (int i = 0; i < FA_ARENA_SLOTS; i++)
+            if (a->p[i] && a->n[i] >= n && (best < 0 || a->n[i] < a->n[best])) best = i;
+        if (best >= 0) {
+            void *p = a->p[best];
+            a->total -= a->n[best];
+            a->p[best] = NULL;
+            a->n[best] = 0;
+            return p;
+        }
     }
     return fa_alloc(n);
 }
@@ -267,13 +289,23 @@ static inline void fa_arena_give(void *p, size_t n)
         fa_free(p);
         return;
     }
-    if (a->p && a->n >= n) {     /* keep the larger one */
+    int slot = -1;      /* a free slot, else the smallest kept arena (if smaller than p) */
+    for (int i = 0; i < FA_ARENA_SLOTS; i++)
+        if (!a->p[i]) {
+            slot = i;
+            break;
+        }
+    if (slot < 0)
+        for (int i = 0; i < FA_ARENA_SLOTS; i++)
+            if (a->n[i] < n && (slot < 0 || a->n[i] < a->n[slot])) slot = i;
+    if (slot < 0 || a->total - a->n[slot] + n > FA_ARENA_KEEP_TOTAL) {
         fa_free(p);
         return;
     }
-    fa_free(a->p);
-    a->p = p;
-    a->n = n;
+    fa_free(a->p[slot]);
+    a->total = a->total - a->n[slot] + n;
+    a->p[slot] = p;
+    a->n[slot] = n;
 }
 #endif
 
