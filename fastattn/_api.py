@@ -117,9 +117,17 @@ def merge_attention(outs, lses):
         total = w.sum(axis=0)
         seen = total > 0
         lse = np.where(seen, M_safe + np.log(np.where(seen, total, 1)), -np.inf).astype(cdt)
-        out = np.zeros(outs[0].shape, dtype=cdt)
-        for wi, oi in zip(w, outs):
-            out += (wi / np.where(seen, total, 1))[..., None] * oi.astype(cdt, copy=False)
+        # part by part into out and one scratch array: no temporary per part
+        out = np.empty(outs[0].shape, dtype=cdt)
+        tmp = np.empty(outs[0].shape, dtype=cdt) if len(outs) > 1 else None
+        denom = np.where(seen, total, 1)
+        for n, (wi, oi) in enumerate(zip(w, outs)):
+            coef = (wi / denom)[..., None]
+            if n == 0:
+                np.multiply(coef, oi, out=out)
+            else:
+                np.multiply(coef, oi, out=tmp)
+                out += tmp
         lse[nan_rows] = np.nan
         out[nan_rows] = np.nan
     return out, lse
