@@ -18,7 +18,10 @@ from fa_testutil import child_process_env
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
 
 CHILD = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
+    # Python's own SIGINT handler even when the child starts with SIGINT ignored
+    # (what a non-interactive shell does to a command it starts in the background)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import numpy as np, fastattn
     which, threads = sys.argv[1], int(sys.argv[2])
     rng = np.random.default_rng(0)
