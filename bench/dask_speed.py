@@ -10,7 +10,15 @@ is ``fastattn.attention(..., num_threads=2)`` on NumPy arrays in this process.
 
     python bench/dask_speed.py                    # non-causal and causal, 7 repeats
     python bench/dask_speed.py --repeats 3 --cases causal
+    python bench/dask_speed.py --keep-memory      # workers' glibc keeps freed memory (see below)
     (from a source tree built in place: PYTHONPATH=. python bench/dask_speed.py)
+
+``--keep-memory``: the nanny starts each worker with MALLOC_TRIM_THRESHOLD_=65536
+(distributed's default, so that freed memory goes back to the system); glibc then
+also stops raising its mmap threshold, so every array above 128 KiB -- each
+task's 2 MiB output, the merges' arrays -- is a fresh mapping whose pages fault
+in.  This option starts the workers with MALLOC_TRIM_THRESHOLD_ = 256 MiB and
+MALLOC_MMAP_THRESHOLD_ = 64 MiB instead (``distributed.nanny.pre-spawn-environ``).
 
 The issue's targets: 2 workers >= 1.6 x one worker, and >= 0.7 x the in-memory call
 with 2 threads.  Timings on a shared machine are noise; measure on a quiet one.
@@ -41,12 +49,20 @@ def _same(block):
     return block
 
 
-def _on_cluster(n_workers, arrays, cases, repeats):
+KEEP_MEMORY = {"MALLOC_TRIM_THRESHOLD_": str(256 << 20), "MALLOC_MMAP_THRESHOLD_": str(64 << 20)}
+
+
+def _on_cluster(n_workers, arrays, cases, repeats, keep_memory=False):
+    import dask
     import dask.array as da
     import distributed
 
     import fastattn.dask
 
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
+    if keep_memory:
+        environ.update(KEEP_MEMORY)
+    dask.config.set({"distributed.nanny.pre-spawn-environ": environ})     # for the workers started here
     with distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
         client.run(lambda: __import__("fastattn.dask"))
@@ -68,6 +84,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--cases", default="full,causal", help="comma-separated: full, causal")
+    ap.add_argument("--keep-memory", action="store_true",
+                    help="start the workers with glibc keeping freed memory (MALLOC_TRIM_THRESHOLD_, "
+                         "MALLOC_MMAP_THRESHOLD_)")
     args = ap.parse_args(argv)
     cases = args.cases.split(",")
 
@@ -79,9 +98,10 @@ def main(argv=None):
     for case in cases:
         in_memory[case] = _median_time(
             lambda: fastattn.attention(*arrays, causal=(case == "causal"), num_threads=2), args.repeats)
-    one = _on_cluster(1, arrays, cases, args.repeats)
-    two = _on_cluster(2, arrays, cases, args.repeats)
-    print(f"q, k, v {SHAPE} float32, chunks of {CHUNK} queries x {CHUNK} keys; median of {args.repeats}")
+    one = _on_cluster(1, arrays, cases, args.repeats, args.keep_memory)
+    two = _on_cluster(2, arrays, cases, args.repeats, args.keep_memory)
+    print(f"q, k, v {SHAPE} float32, chunks of {CHUNK} queries x {CHUNK} keys; median of {args.repeats}"
+          + ("; workers keep freed memory" if args.keep_memory else ""))
     print(f"{'case':8} {'in-memory 2 thr':>16} {'1 worker':>10} {'2 workers':>10} "
           f"{'2w / 1w':>8} {'2w / in-mem':>12}")
     for case in cases:
