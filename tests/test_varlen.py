@@ -434,6 +434,21 @@ def test_paged_threads_give_the_same_bits(rng):
     assert_close(runs[0], R.attention_paged(q, kc, vc, table, lens, causal="bottom_right", return_lse=True), 2e-5)
 
 
+def test_paged_block_tables_and_seq_lens_in_any_layout(rng):
+    """A Fortran-ordered block table, a transposed view, a strided seq_lens: the
+    same results as the C-ordered tables (the kernels read a row-major copy; a
+    Fortran-ordered copy was read row-major and gave other sequences' blocks)."""
+    lens = np.array([37, 5, 64, 20])
+    kc, vc, table = paged_cache(rng, lens, 8, 2, 16, 16, np.float32)
+    q = rng.standard_normal((4, 4, 2, 16)).astype(np.float32)
+    want = fastattn.attention_paged(q, kc, vc, table, lens, causal="bottom_right")
+    assert_close(want, R.attention_paged(q, kc, vc, table, lens, causal="bottom_right"), 2e-5)
+    lens_strided = np.repeat(lens, 2)[::2]
+    for tab in (np.asfortranarray(table), np.ascontiguousarray(table.T).T, table.astype(np.int32, order="F")):
+        got = fastattn.attention_paged(q, kc, vc, tab, lens_strided, causal="bottom_right")
+        np.testing.assert_array_equal(got, want)
+
+
 def test_paged_caches_are_never_copied(rng):
     """A decode step over a 32 MiB float16 cache allocates nothing of its size."""
     import tracemalloc

@@ -17,13 +17,15 @@ def set_varlen_hooks(refuse):
 
 
 cdef cnp.ndarray int_table(x, str name, int ndim, str what):
-    """An integer array of ndim dims as a contiguous int64 copy (a small table)."""
+    """An integer array of ndim dims as a C-contiguous int64 copy (a small table;
+    the kernels index it row-major, so a Fortran-ordered or transposed table is
+    reordered, not copied as it lies)."""
     cdef cnp.ndarray a = <cnp.ndarray>x if type(x) is cnp.ndarray else np.asarray(x)
     if not cnp.PyArray_ISINTEGER(a):
         raise TypeError(f"{name} must be an integer array, got dtype {a.dtype}")
     if a.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D {what}, got shape {(<object>a).shape}")
-    return np.array(a, dtype=np.int64)
+    return np.array(a, dtype=np.int64, order="C")
 
 
 cdef cnp.ndarray cu_seqlens_table(x, str name, int64_t total):
@@ -33,9 +35,11 @@ cdef cnp.ndarray cu_seqlens_table(x, str name, int64_t total):
         raise ValueError(f"{name} must have at least one entry (0), got an empty array")
     if cu[0] != 0:
         raise ValueError(f"{name} must start at 0, got {cu[0]}")
-    if cu.shape[0] > 1 and (np.diff(cu) < 0).any():
-        s = int(np.argmax(np.diff(cu) < 0))
-        raise ValueError(f"{name} must be non-decreasing, got {cu[s]} then {cu[s + 1]}")
+    cdef const int64_t *c = <const int64_t *>cnp.PyArray_DATA(cu)
+    cdef int64_t s
+    for s in range(cu.shape[0] - 1):
+        if c[s + 1] < c[s]:
+            raise ValueError(f"{name} must be non-decreasing, got {c[s]} then {c[s + 1]}")
     if cu[cu.shape[0] - 1] != total:
         raise ValueError(f"{name} must end at the total number of rows {total}, got {cu[cu.shape[0] - 1]}")
     return cu
@@ -95,13 +99,9 @@ cdef int fill_seqs(Seqs *Q, list keep, cnp.ndarray nq, cnp.ndarray nk, cnp.ndarr
     return 0
 
 
-cdef object int64s(x):
-    return np.ascontiguousarray(x, dtype=np.int64)
-
-
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, causal=False, window=None,
                      softcap=None, alibi_slopes=None, return_lse=False, out=None, num_threads=None):
-    cdef cnp.ndarray qa, ka, va, res, cuq, cuk, lse = None, slt = None
+    cdef cnp.ndarray qa, ka, va, res, cuq, cuk, tab, lse = None, slt = None
     cdef Plan P
     cdef Seqs Q
     cdef int ctype, otype, nbq
@@ -158,10 +158,15 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, ca
         va = stored_operand(va, ctype, True)
     plan_init(&P, qa, ka, va, res)
     plan_options(&P, None, None, None, slt, None, lse)
-    starts, kstarts = cuq[:cuq.shape[0] - 1], cuk[:cuk.shape[0] - 1]
-    fill_seqs(&Q, keep, int64s(np.diff(cuq)), int64s(np.diff(cuk)), int64s(starts * P.q.sr),
-              int64s(starts * P.o.sr), int64s(starts * (P.lse.sr if lse is not None else 0)),
-              int64s(kstarts * P.k.sr), int64s(kstarts * P.v.sr))
+    tab = seq_table(cuq.shape[0] - 1)
+    seq_fill(tab, SEQ_NQ, cuq, 0, 0, 1)
+    seq_fill(tab, SEQ_NK, cuk, 0, 0, 1)
+    seq_fill(tab, SEQ_QO, cuq, 0, P.q.sr, 0)
+    seq_fill(tab, SEQ_OO, cuq, 0, P.o.sr, 0)
+    seq_fill(tab, SEQ_LO, cuq, 0, P.lse.sr if lse is not None else 0, 0)
+    seq_fill(tab, SEQ_KO, cuk, 0, P.k.sr, 0)
+    seq_fill(tab, SEQ_VO, cuk, 0, P.v.sr, 0)
+    fill_seq_table(&Q, keep, tab, None)
     varlen_execute(&P, &Q, ctype, num_threads)
     if out is None and otype == ctype and lse is None:
         return res
@@ -201,26 +206,64 @@ cdef int check_block_table(cnp.ndarray table, cnp.ndarray lens, cnp.ndarray nq, 
                            int64_t bs) except -1:
     """seq_lens in [the sequence's query rows, max_blocks * block_size]; the
     block-table entries each sequence uses (those of its seq_lens keys) in
-    [0, num_blocks)."""
-    cdef int64_t cap = table.shape[1] * bs
-    bad = (lens < nq) | (lens > cap)
-    if bad.any():
-        s = int(np.argmax(bad))
-        raise ValueError(f"seq_lens[{s}] = {lens[s]} must lie in [{nq[s]}, {cap}] (the sequence's query rows, "
-                         f"max_blocks * block_size)")
-    used = np.arange(table.shape[1])[None, :] < ((lens + bs - 1) // bs)[:, None]
-    bad = used & ((table < 0) | (table >= num_blocks))
-    if bad.any():
-        s, j = np.unravel_index(int(np.argmax(bad)), (<object>bad).shape)
-        raise ValueError(f"block_table[{s}, {j}] = {table[s, j]} is outside [0, num_blocks={num_blocks}) "
-                         f"(sequence {s} uses its first {int(used[s].sum())} entries)")
+    [0, num_blocks).  All three C-contiguous int64 (int_table, seq_tables); loops,
+    not NumPy calls: a decode step's fixed cost."""
+    cdef int64_t S = table.shape[0], mb = table.shape[1], cap = mb * bs, s, j, used
+    cdef const int64_t *t = <const int64_t *>cnp.PyArray_DATA(table)
+    cdef const int64_t *L = <const int64_t *>cnp.PyArray_DATA(lens)
+    cdef const int64_t *N = <const int64_t *>cnp.PyArray_DATA(nq)
+    for s in range(S):
+        if L[s] < N[s] or L[s] > cap:
+            raise ValueError(f"seq_lens[{s}] = {L[s]} must lie in [{N[s]}, {cap}] (the sequence's query rows, "
+                             f"max_blocks * block_size)")
+    for s in range(S):
+        used = (L[s] + bs - 1) // bs
+        for j in range(used):
+            if t[s * mb + j] < 0 or t[s * mb + j] >= num_blocks:
+                raise ValueError(f"block_table[{s}, {j}] = {t[s * mb + j]} is outside [0, num_blocks={num_blocks}) "
+                                 f"(sequence {s} uses its first {used} entries)")
     return 0
+
+
+cdef enum:
+    # rows of a sequence table (seq_table): what fill_seqs hands the kernel
+    SEQ_NQ, SEQ_NK, SEQ_QO, SEQ_OO, SEQ_LO, SEQ_KO, SEQ_VO, SEQ_ROWS
+
+
+cdef cnp.ndarray seq_table(int64_t S):
+    """(SEQ_ROWS, S) int64 zeros: each sequence's query and key counts and the
+    element offsets of its q, output, lse, k and v rows, filled by the loops
+    below (not NumPy calls: a decode step's fixed cost)."""
+    cdef cnp.npy_intp dims[2]
+    dims[0] = SEQ_ROWS
+    dims[1] = S
+    return cnp.PyArray_ZEROS(2, dims, cnp.NPY_INT64, 0)
+
+
+cdef void seq_fill(cnp.ndarray r, int row, cnp.ndarray cu, int64_t n, int64_t stride, int lengths):
+    """Row row of a seq_table: with lengths, cu[s + 1] - cu[s] (cu None: n);
+    else the start of sequence s times stride, cu[s] * stride (cu None: s * stride)."""
+    cdef int64_t S = r.shape[1], s
+    cdef int64_t *x = <int64_t *>cnp.PyArray_DATA(r) + row * S
+    cdef const int64_t *c = <const int64_t *>cnp.PyArray_DATA(cu) if cu is not None else NULL
+    for s in range(S):
+        if lengths:
+            x[s] = c[s + 1] - c[s] if c != NULL else n
+        else:
+            x[s] = (c[s] if c != NULL else s) * stride
+
+
+cdef int fill_seq_table(Seqs *Q, list keep, cnp.ndarray r, cnp.ndarray nk) except -1:
+    """fill_seqs from a seq_table's rows (nk: the key counts, None: its own row)."""
+    return fill_seqs(Q, keep, <cnp.ndarray>r[SEQ_NQ], <cnp.ndarray>r[SEQ_NK] if nk is None else nk,
+                     <cnp.ndarray>r[SEQ_QO], <cnp.ndarray>r[SEQ_OO], <cnp.ndarray>r[SEQ_LO],
+                     <cnp.ndarray>r[SEQ_KO], <cnp.ndarray>r[SEQ_VO])
 
 
 def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=None, scale=None, causal=False,
                     window=None, softcap=None, alibi_slopes=None, k_scale=None, v_scale=None, return_lse=False,
                     out=None, num_threads=None):
-    cdef cnp.ndarray qa, ka, va, res, table, lens, nq, cuq = None, lse = None, slt = None
+    cdef cnp.ndarray qa, ka, va, res, table, lens, nq, cuq = None, lse = None, slt = None, tab
     cdef cnp.ndarray q1, k1, v1, o1, l1
     cdef Plan P
     cdef Seqs Q
@@ -257,10 +300,11 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     if packed:
         cuq = cu_seqlens_table(cu_seqlens_q, "cu_seqlens_q", qa.shape[1])
         S = cuq.shape[0] - 1
-        nq = int64s(np.diff(cuq))
     else:
         S = qa.shape[0]
-        nq = np.full(S, qa.shape[2], dtype=np.int64)
+    tab = seq_table(S)
+    seq_fill(tab, SEQ_NQ, cuq, qa.shape[2] if not packed else 0, 0, 1)
+    nq = <cnp.ndarray>tab[SEQ_NQ]
     table = int_table(block_table, "block_table", 2, "(S, max_blocks)")
     lens = int_table(seq_lens, "seq_lens", 1, "(S,)")
     if table.shape[0] != S or lens.shape[0] != S:
@@ -319,15 +363,11 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     if vkind != SCALE_NONE:
         plan_paged_scale(&P, &P.vs, v_scale, va, vkind, keep)
         P.vscale = vkind
-    if packed:
-        starts = cuq[:S]
-        qo, oo, lo = starts * P.q.sr, starts * P.o.sr, starts * (P.lse.sr if lse is not None else 0)
-    else:
-        idx = np.arange(S, dtype=np.int64)
-        qo, oo = idx * elements(qa, 0), idx * elements(res, 0)
-        lo = idx * (elements(lse, 0) if lse is not None else 0)
-    zeros = np.zeros(S, dtype=np.int64)
-    fill_seqs(&Q, keep, nq, lens, int64s(qo), int64s(oo), int64s(lo), zeros, zeros)
+    # the sequences' q, output and lse rows (packed: from cu_seqlens_q); keys by the block table
+    seq_fill(tab, SEQ_QO, cuq, 0, P.q.sr if packed else elements(qa, 0), 0)
+    seq_fill(tab, SEQ_OO, cuq, 0, P.o.sr if packed else elements(res, 0), 0)
+    seq_fill(tab, SEQ_LO, cuq, 0, 0 if lse is None else P.lse.sr if packed else elements(lse, 0), 0)
+    fill_seq_table(&Q, keep, tab, lens)
     Q.pages = <const int64_t *>cnp.PyArray_DATA(table)
     Q.max_blocks = table.shape[1]
     varlen_execute(&P, &Q, ctype, num_threads)
