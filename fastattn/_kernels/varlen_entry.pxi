@@ -206,7 +206,7 @@ cdef int check_block_table(cnp.ndarray table, cnp.ndarray lens, cnp.ndarray nq, 
                            int64_t bs) except -1:
     """seq_lens in [the sequence's query rows, max_blocks * block_size]; the
     block-table entries each sequence uses (those of its seq_lens keys) in
-    [0, num_blocks).  All three C-contiguous int64 (int_table, seq_tables); loops,
+    [0, num_blocks).  All three C-contiguous int64 (int_table, seq_table); loops,
     not NumPy calls: a decode step's fixed cost."""
     cdef int64_t S = table.shape[0], mb = table.shape[1], cap = mb * bs, s, j, used
     cdef const int64_t *t = <const int64_t *>cnp.PyArray_DATA(table)
