@@ -321,6 +321,32 @@ def test_paged_mixed_prefill_and_decode_with_cu_seqlens_q(bs, rng):
         assert_close(got, want, 2e-5)
 
 
+@pytest.mark.parametrize("bs", [7, 16])
+def test_paged_and_half_precision_prefill_units_of_many_rows(bs, rng):
+    """Tiles copied into the workspace (small blocks; keys and values of another
+    storage type) run units of up to 256 query rows (qvec_unit_rows): sequences of
+    one to three such units, partial ones, every option, against the reference,
+    and the same bits for 1 and 2 threads."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    lens = np.array([500, 140, 300])
+    nq = np.array([100, 70, 1])                        # 400, 280 and 4 rows of 4 query heads per key head
+    kc, vc, table = paged_cache(rng, lens, bs, 2, 32, 48)
+    q = rng.standard_normal((8, nq.sum(), 32))
+    cu = cu_of(nq)
+    qp, kp, vp = packed(rng, nq, lens, 8, 2, 32, 48)[:3]
+    for opts in OPTIONS[1:]:
+        kw = options(opts, rng, 8)
+        for dtype in (F32, F64):
+            got = [fastattn.attention_paged(q.astype(dtype), kc.astype(dtype), vc.astype(dtype), table, lens,
+                                            cu_seqlens_q=cu, num_threads=t, **kw) for t in (1, 2)]
+            for a, b in zip(*(r if isinstance(r, tuple) else (r,) for r in got)):
+                np.testing.assert_array_equal(a, b)
+            assert_close(got[0], R.attention_paged(q, kc, vc, table, lens, cu_seqlens_q=cu, **kw), TOL[dtype])
+        kh, vh = kp.astype(ml_dtypes.bfloat16), vp.astype(ml_dtypes.bfloat16)
+        got = fastattn.attention_varlen(qp.astype(np.float32), kh, vh, cu, cu_of(lens), **kw)
+        assert_close(got, R.attention_varlen(qp.astype(np.float32), kh, vh, cu, cu_of(lens), **kw), 2e-5)
+
+
 def test_paged_heads_in_lockstep_are_the_separate_heads(rng):
     """Decode reads the key/value heads of a block together (paged_heads.pxi): the
     same bits as one call per head."""

@@ -8,6 +8,9 @@ cdef enum:
     MAXDIM = 64          # batch dims supported (NumPy's own limit)
     BLOCK_Q = 64         # query rows per work unit (row-major path: decode, few rows, weights)
     BLOCK_Q_QVEC = 128       # query rows per work unit (query-vectorised path)
+    BLOCK_Q_QVEC_COPY = 256  # ... of a packed or paged call whose key / value tiles are copied
+                             # into the workspace (qvec_unit_rows): one copy per 256 rows
+    QVEC_VECS_MAX = 128      # vectors of lanes in a query-vectorised unit (256 rows of 2 lanes)
     QVEC_MIN_ROWS = 14      # fewer query rows than this: row-major path (see use_qvec_path)
     FEW_MAX_ROWS = 13    # units of at most this many rows read keys and values in place (run_row_unit;
                          # 14 and more rows are query-vectorised, or packed where query lanes pad too much)

@@ -67,18 +67,18 @@ cdef struct QvecUnit:
     int need_pv                # a pass that accumulates P.V (all but MODE_STATS)
     # per chunk: min lo / max hi over lanes that see keys (the chunk's key range),
     # max lo / min hi over all lanes (does any lane need masking?)
-    int64_t ch_lo[64]
-    int64_t ch_hi[64]
-    int64_t ch_lomax[64]
-    int64_t ch_himin[64]
-    int64_t ch_c0[64]          # first lane of each chunk
-    int ch_nv[64]              # its width in vectors
+    int64_t ch_lo[QVEC_VECS_MAX]
+    int64_t ch_hi[QVEC_VECS_MAX]
+    int64_t ch_lomax[QVEC_VECS_MAX]
+    int64_t ch_himin[QVEC_VECS_MAX]
+    int64_t ch_c0[QVEC_VECS_MAX]   # first lane of each chunk
+    int ch_nv[QVEC_VECS_MAX]       # its width in vectors
     # per vector of lanes: min lo / max hi over its lanes that see keys; in a
     # masked tile, keys that no lane of a vector sees are left out of the QK
     # and P.V kernels for that vector (the causal diagonal: a quarter to three
     # quarters of a 4-vector chunk's keys, per vector)
-    int64_t vec_lo[64]
-    int64_t vec_hi[64]
+    int64_t vec_lo[QVEC_VECS_MAX]
+    int64_t vec_hi[QVEC_VECS_MAX]
 
 
 cdef struct TileSource:
@@ -111,7 +111,7 @@ cdef void qvec_unit_begin(const Plan *P, Workspace *ws, QvecUnit *U, floating *s
     transposed, zero the accumulators, and gather each chunk's and vector's key
     range."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
-    cdef int64_t ld = qvec_ld(sizeof(floating))
+    cdef int64_t ld = ws.ld
     cdef int64_t nr = U.nr, nvec = (nr + W - 1) // W, Dk = P.Dk, i, d, c, ch
     cdef int nv, v
     cdef floating *qt = <floating *>ws.qt
@@ -231,7 +231,7 @@ cdef void qvec_chunk_scores(const Plan *P, Workspace *ws, const QvecUnit *U, con
     chunk wider than a vector) only the key runs each group of vectors sees, the
     rest -inf.  mx (or NULL): the tile max per lane, taken from the registers."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
-    cdef int64_t ld = qvec_ld(sizeof(floating))
+    cdef int64_t ld = ws.ld
     cdef int64_t c0 = U.ch_c0[ch], i, j
     cdef int nv = U.ch_nv[ch], ri, rv0, rw0, nw, v
     cdef floating *qt = <floating *>ws.qt
@@ -270,7 +270,7 @@ cdef void qvec_chunk_weights(const Plan *P, Workspace *ws, const QvecUnit *U, in
     """MODE_WEIGHTS: the chunk's tile scores become weights exp(s - lse), written
     to the weight rows."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
-    cdef int64_t ld = qvec_ld(sizeof(floating))
+    cdef int64_t ld = ws.ld
     cdef int64_t c0 = U.ch_c0[ch], ni = min(U.ch_nv[ch] * W, U.nr - c0), i, j, grp
     cdef floating *st = <floating *>ws.st
     cdef floating *wbase = (<floating *>P.w.base) + batch_offset(P, &P.w, U.b)
@@ -296,7 +296,7 @@ cdef void qvec_chunk_pv(const Plan *P, Workspace *ws, const QvecUnit *U, const T
     a vector sees no key), one block, or -- values holding inf/NaN -- each lane
     over exactly its visible keys."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
-    cdef int64_t ld = qvec_ld(sizeof(floating))
+    cdef int64_t ld = ws.ld
     cdef int64_t c0 = U.ch_c0[ch], cw = U.ch_nv[ch] * W, Dv = P.Dv, i, j, jj0, jj1, c, grp
     cdef int ri, rv0, rw0, nw
     cdef floating *st = <floating *>ws.st
@@ -387,7 +387,7 @@ cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_
     """Tile [t0, t1) for every chunk: scores, options, masks, then the online
     softmax and P.V (or the weights)."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
-    cdef int64_t ld = qvec_ld(sizeof(floating))
+    cdef int64_t ld = ws.ld
     cdef int64_t ch, j0, j1, c0, cw, i
     cdef int nv, masked
     cdef floating *st = <floating *>ws.st
@@ -431,7 +431,7 @@ cdef void qvec_unit_finish(const Plan *P, Workspace *ws, const QvecUnit *U, floa
                            floating *part_o, floating *part_m, double *part_l) noexcept nogil:
     """The rows' results: lse only (MODE_STATS), this split's reference max, sum
     and unnormalised output (MODE_PARTIAL), or the output rows Ot / l (and lse)."""
-    cdef int64_t ld = qvec_ld(sizeof(floating))
+    cdef int64_t ld = ws.ld
     cdef int64_t nr = U.nr, Dv = P.Dv, i, c, grp, pos
     cdef floating *ot = <floating *>ws.ot
     cdef floating *m = <floating *>ws.mt
@@ -497,7 +497,7 @@ cdef void qvec_unit_finish(const Plan *P, Workspace *ws, const QvecUnit *U, floa
 cdef void run_qvec_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int64_t nr,
                         int64_t kb, int64_t ke, int mode, floating *stats, floating *part_o,
                         floating *part_m, double *part_l) noexcept nogil:
-    """Query-vectorised unit: rows r0..r0+nr-1 (nr <= BLOCK_Q_QVEC) of batch b, keys kb..ke-1.
+    """Query-vectorised unit: rows r0..r0+nr-1 (nr <= the workspace's rows: BLOCK_Q_QVEC or BLOCK_Q_QVEC_COPY) of batch b, keys kb..ke-1.
 
     Lanes run over queries: Qt (Dk x lanes) is packed once, keys and values are
     read in place as broadcast scalars, and each query's online softmax (max,

@@ -17,7 +17,9 @@ cdef struct Workspace:
     int64_t *pos    # BLOCK_Q'           diagonal position p(i) of each row
     int64_t *qoff   # BLOCK_Q'           element offset of each query row (without batch)
     int64_t *goff   # BLOCK_Q'           group index of each row (GQA)
-    # query-vectorised path (lanes = query rows, ld = BLOCK_Q_QVEC rounded to a chunk, plus a line)
+    # query-vectorised path (lanes = query rows, ld = the unit's rows, at least BLOCK_Q_QVEC,
+    # rounded to a chunk, plus a line: qvec_ld)
+    int64_t ld
     void *qt        # Dk x ld            scaled queries, transposed
     void *st        # BLOCK_K x ld       scores / probabilities, transposed
     void *ot        # Dv x ld            output accumulator, transposed
@@ -37,15 +39,17 @@ cdef inline int64_t rows_alloc(int64_t rows) noexcept nogil:
     return max(round_up(rows, FA_QK_MR), round_up(rows, 8)) + FA_PV_MR
 
 
-cdef inline int64_t qvec_ld(size_t item) noexcept nogil:
+cdef inline int64_t qvec_ld(int64_t rows, size_t item) noexcept nogil:
     # Row stride of the query-vectorised tiles (Qt, St, Ot: one row per dim / key /
-    # value column, one lane per query row): BLOCK_Q_QVEC lanes plus one cache line.
+    # value column, one lane per query row): BLOCK_Q_QVEC lanes (or the unit's rows,
+    # when more) plus one cache line.
     # A chunk walks one 64-byte column of a tile; with a 512-byte stride its
     # rows map to 8 of the 64 L1 sets, and 64 score rows alone fill all 8 ways
     # of a 32 KiB L1 (Zen 3): the extra line spreads them over every set.
     # Paired on Zen 3 (AVX2): prefill 1.03-1.05x, long 1.04-1.06x, causal
     # 1.06-1.07x, D 256 1.07x, mask/bias 1.05-1.06x.
-    return round_up(BLOCK_Q_QVEC, FA_QVEC_NV * (FA_VBYTES // item)) + 64 // <int64_t>item
+    return (round_up(rows if rows > BLOCK_Q_QVEC else BLOCK_Q_QVEC, FA_QVEC_NV * (FA_VBYTES // item))
+            + 64 // <int64_t>item)
 
 
 cdef inline char *carve(char **cursor, int64_t nbytes) noexcept nogil:
@@ -66,10 +70,11 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
     cdef int64_t dvp = round_up(P.Dv if P.Dv > 0 else 1, W)
     cdef int64_t dk = P.Dk if P.Dk > 0 else 1
     cdef int64_t dv = P.Dv if P.Dv > 0 else 1
-    cdef int64_t ld = qvec_ld(item)
+    cdef int64_t ld = qvec_ld(rows, item)
     cdef int native = STORE_F32 if item == 4 else STORE_F64
     ws.qp = ws.kt = ws.vp = ws.s = ws.o = ws.m = NULL
     ws.l = NULL
+    ws.ld = ld
     ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = ws.mtb = ws.mxt = ws.kw = ws.vw = NULL
     if use_qvec:
         if P.k.store != native or P.v.store != native or P.pages != NULL:
