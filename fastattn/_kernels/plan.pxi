@@ -22,9 +22,14 @@ cdef enum:
                          # on long and D 256, 96 level.  AVX-512 (Xeon): 64 was 1-3 % slower
                          # on long, prefill, batch, f64, D 80 and D 256, level on causal; 256
                          # 2-3 % slower on long, prefill, causal, f64, D 256
-    FUSE_CHUNK = 16      # keys per alternating P.V / next-tile Q.K chunk (pv_qk_chunks): a
-                         # multiple of FA_W (fa_qk_rows groups keys by W / rows); paired
-                         # against 32: 2-13 rows 1.00-1.03x; 64: 0.96-0.99x
+    FUSE_CHUNK = 64      # keys per alternating P.V / next-tile Q.K chunk (pv_qk_chunks): a
+                         # multiple of FA_W (fa_qk_rows groups keys by W / rows).  Xeon
+                         # (AVX-512), 16 paired against 32: 2-13 rows 1.00-1.03x, against
+                         # 64: 0.96-0.99x.  Zen 4 (AVX-512), GQA decode (4 rows per unit,
+                         # keys from memory), alternating builds: 16 -> 64 1.15-1.42x
+                         # faster (S8 Hq32 Hkv8 Lk4096 D128, 2 threads, 16.0-17.0 ->
+                         # 13.3-14.9 ms; one 65536-key unit 7.7-8.7 -> 5.9-7.2 ms), 32
+                         # between (14.6-14.7 ms), separate passes like 64: 64 it is
     PANEL_MAX = 32       # keys per QK panel, at most (FA_QK_NV vectors of floats)
     PARALLEL_MIN_WORK = 200000  # smaller problems run on the calling thread alone
     STATIC_MAX_WORK = 1 << 24   # smaller threaded problems: fixed unit -> thread map (attention_run)

@@ -56,10 +56,10 @@ cdef inline void pv_qk_chunks(const Plan *P, const floating *p, int64_t nr, cons
                               const char *kn, int64_t nn, floating *sn) noexcept nogil:
     """O += P . V over keys [a, e) of this tile (rows BLOCK_K apart in p; value rows
     v stored in place) and the scores of the next tile's first nn keys (kn, stored
-    like v) into sn, in alternating chunks of FUSE_CHUNK keys.  The same per-key
-    order as one pv_rows and one qk_rows call: P.V accumulates key by key, and a
-    chunk boundary is a multiple of every key group of fa_qk_rows, so the bits
-    are the same."""
+    like v) into sn, in alternating chunks of FUSE_CHUNK keys.  A chunk boundary
+    is a multiple of every key group of fa_qk_rows, so the scores are those of
+    one qk_rows call bit for bit; P.V accumulates key by key, summed per chunk
+    (two-level sums: the last bits follow FUSE_CHUNK)."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef int64_t c = 0, c1, x0, x1
     cdef int64_t top = e if e > nn else nn
@@ -121,9 +121,12 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
     # few rows with keys and values read in place (decode, draft tokens, GQA
     # groups): each tile's P.V pass also computes the next tile's scores, so keys
     # and values stream side by side (one row: fa_pv_qk_row1, key by key; more
-    # rows: alternating chunks of FUSE_CHUNK keys, see pv_qk_chunks).  Bit-
-    # identical to the separate passes.  The next scores go to rows past the
-    # unit's own in the score buffer (FEW_MAX_ROWS of them are reserved).
+    # rows: alternating chunks of FUSE_CHUNK keys, see pv_qk_chunks).  The
+    # scores are those of the separate passes bit for bit; P.V sums each
+    # chunk's keys from zero, then adds them to O (two-level sums), so the
+    # outputs can differ from one pass over the tile in the last bits (fixed
+    # by the shape, never by the thread count).  The next scores go to rows
+    # past the unit's own in the score buffer (FEW_MAX_ROWS of them are reserved).
     U.fuse = U.few and U.k_in_place and U.v_in_place and U.need_pv and P.k.store == P.v.store and not U.lockstep
     U.s = <char *>s
     U.s2 = <char *>(s + rows_alloc(nr) * BLOCK_K)
