@@ -26,9 +26,9 @@ cdef enum:
                          # multiple of FA_W (fa_qk_rows groups keys by W / rows).  Xeon
                          # (AVX-512), 16 paired against 32: 2-13 rows 1.00-1.03x, against
                          # 64: 0.96-0.99x.  Zen 4 (AVX-512), GQA decode (4 rows per unit,
-                         # keys from memory), alternating builds: 16 -> 64 1.15-1.42x
-                         # faster (S8 Hq32 Hkv8 Lk4096 D128, 2 threads, 16.0-17.0 ->
-                         # 13.3-14.9 ms; one 65536-key unit 7.7-8.7 -> 5.9-7.2 ms), 32
+                         # keys from memory), alternating builds: 16 -> 64 1.07-1.33x
+                         # faster (S8 Hq32 Hkv8 Lk4096 D128, 2 threads, 15.9-18.7 ->
+                         # 13.3-14.9 ms; one 65536-key unit 7.7-8.9 -> 5.9-7.3 ms), 32
                          # between (14.6-14.7 ms), separate passes like 64: 64 it is
     PANEL_MAX = 32       # keys per QK panel, at most (FA_QK_NV vectors of floats)
     PARALLEL_MIN_WORK = 200000  # smaller problems run on the calling thread alone
