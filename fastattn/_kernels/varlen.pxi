@@ -114,14 +114,14 @@ cdef int64_t varlen_work(const Plan *P, const Seqs *Q) noexcept nogil:
 
 cdef inline int64_t qvec_unit_rows(const Plan *P, size_t item) noexcept nogil:
     """Query rows per query-vectorised unit of a packed or paged call.  Tiles the
-    unit copies into its workspace -- paged blocks too small to read in place
-    (paged_tile_kind: more than QVEC_RUNS_IN_PLACE runs per tile), keys or values
+    unit copies into its workspace -- paged blocks too small to read a tile in
+    place (paged_tile_kind of a block-aligned tile), keys or values
     of another storage type (widened) -- are copied once per unit and tile: twice
     the rows per unit, half the copies.  Measured (AMD EPYC Zen 4, AVX-512, one
     thread, S4 Hq32 Hkv8 Lq256 against 2304 keys, D 128, blocks of 16 shuffled)
     the copy was 14 % of the call at 128 rows."""
     cdef int native = STORE_F32 if item == 4 else STORE_F64
-    if (P.pages != NULL and QVEC_RUNS_IN_PLACE * P.page < BLOCK_K) or P.k.store != native or P.v.store != native:
+    if (P.pages != NULL and paged_tile_kind(P, 0, BLOCK_K) == TILE_COPY) or P.k.store != native or P.v.store != native:
         return BLOCK_Q_QVEC_COPY
     return BLOCK_Q_QVEC
 
