@@ -11,6 +11,8 @@ Environment variables:
 
 ``FASTATTN_SANITIZE=1``  build with AddressSanitizer + UndefinedBehaviorSanitizer.
 ``FASTATTN_NO_OPENMP=1`` build without OpenMP even when the compiler has it.
+``FASTATTN_VARIANTS=avx512,baseline`` build only these kernel variants (a faster
+build while developing; the dispatcher uses the best variant that was built).
 """
 import glob
 import os
@@ -40,6 +42,13 @@ if MACHINE in ("x86_64", "amd64"):
 else:
     # aarch64 (NEON is part of the base ISA) and anything else: one build.
     ISA_VARIANTS = {"baseline": []}
+_only = [v.strip() for v in os.environ.get("FASTATTN_VARIANTS", "").split(",") if v.strip()]
+if _only:
+    _unknown = sorted(set(_only) - set(ISA_VARIANTS))
+    if _unknown:
+        raise SystemExit(f"FASTATTN_VARIANTS: unknown variant(s) {', '.join(_unknown)}; "
+                         f"this target has {', '.join(ISA_VARIANTS)}")
+    ISA_VARIANTS = {k: v for k, v in ISA_VARIANTS.items() if k in _only}
 
 
 def _compiler_accepts(compiler, flags, source):
