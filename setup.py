@@ -42,6 +42,8 @@ if MACHINE in ("x86_64", "amd64"):
 else:
     # aarch64 (NEON is part of the base ISA) and anything else: one build.
     ISA_VARIANTS = {"baseline": []}
+ISA_HEADERS = {"baseline": "x86_sse2.h" if MACHINE in ("x86_64", "amd64") else "generic.h",
+               "avx2": "x86_avx2.h", "avx512": "x86_avx512.h"}
 _only = [v.strip() for v in os.environ.get("FASTATTN_VARIANTS", "").split(",") if v.strip()]
 if _only:
     _unknown = sorted(set(_only) - set(ISA_VARIANTS))
@@ -103,6 +105,7 @@ class BuildExt(build_ext):
             ext.extra_link_args = omp_l + sanitize
             ext.define_macros = list(ext.define_macros or []) + [
                 ("FASTATTN_HAVE_OPENMP", "1" if use_omp else "0"),
+            ] + ([("FA_ISA_HEADER", f'"isa/{ISA_HEADERS[isa]}"'), ("FA_VARIANT", f'"{isa}"')] if isa else []) + [
                 ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
             ]
         info = {
@@ -127,7 +130,7 @@ def extensions():
     for isa in ISA_VARIANTS:
         exts.append(Extension(f"fastattn._kernels._attn_{isa}",
                               [os.path.join(KDIR, f"_attn_{isa}.pyx")], include_dirs=inc,
-                              depends=sorted(glob.glob(os.path.join(KDIR, "*.pxi")) + glob.glob(os.path.join(KDIR, "*.h")))))
+                              depends=sorted(glob.glob(os.path.join(KDIR, "*.pxi")) + glob.glob(os.path.join(KDIR, "*.h")) + glob.glob(os.path.join(KDIR, "isa", "*.h")))))
     return cythonize(exts, language_level=3, compiler_directives={
         "boundscheck": False, "wraparound": False, "cdivision": True,
         "initializedcheck": False, "embedsignature": True,

@@ -102,21 +102,11 @@ static inline void FA_SFX(fa_bwd_tile)(const FA_T *s, const FA_T *dp, const FA_T
                 FA_SFX(fa_store)(dsr + o, FA_SFX(fa_select)(live, g, zero));
                 r[k] = p;
             }
-#if FA_HAVE_SHUFFLE
             FA_SFX(fa_transpose)(r);
             FA_UNROLL for (int c = 0; c < FA_W; c++) FA_SFX(fa_store)(pt + (j0 + c) * ldt + i0, r[c]);
             FA_UNROLL for (int k = 0; k < FA_W; k++) r[k] = FA_SFX(fa_load)(dsr + (i0 + k) * lds + j0);
             FA_SFX(fa_transpose)(r);
             FA_UNROLL for (int c = 0; c < FA_W; c++) FA_SFX(fa_store)(dst + (j0 + c) * ldt + i0, r[c]);
-#else
-            FA_T blk[FA_W][FA_W];
-            FA_UNROLL for (int k = 0; k < FA_W; k++) FA_SFX(fa_store)(blk[k], r[k]);
-            for (int k = 0; k < FA_W; k++)
-                for (int c = 0; c < FA_W; c++) {
-                    pt[(j0 + c) * ldt + i0 + k] = blk[k][c];
-                    dst[(j0 + c) * ldt + i0 + k] = dsr[(i0 + k) * lds + j0 + c];
-                }
-#endif
         }
     }
 }

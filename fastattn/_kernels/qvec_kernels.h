@@ -76,7 +76,7 @@ FA_SFX(fa_qvec_qk_micro)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *re
             if (v < nv) {
                 FA_V m = FA_SFX(fa_load)(mx + v * FA_W);
                 FA_UNROLL for (int r = 0; r < FA_QVEC_MRMAX; r++)
-                    if (r < mr) m = FA_SFX(FA_VMAX)(acc[r][v], m);
+                    if (r < mr) m = FA_SFX(fa_vmax)(acc[r][v], m);
                 FA_SFX(fa_store)(mx + v * FA_W, m);
             }
         }
@@ -248,7 +248,6 @@ FA_SFX(fa_qvec_bool_mask_nv)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int6
 {
     const FA_V ninf = FA_SFX(fa_set1)(-(FA_T)INFINITY);
     const int64_t cw = (int64_t)nv * FA_W;
-#if FA_HAVE_SHUFFLE
     if (sc == 1) {
         /* contiguous mask rows: blocks of 16 lanes x 16 keys, loaded as 16 rows
          * of 16 bytes and transposed in registers (a partial block: the missing
@@ -283,7 +282,6 @@ FA_SFX(fa_qvec_bool_mask_nv)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, int6
             }
         }
     } else
-#endif
     for (int64_t i = 0; i < cw; i++) {
         uint8_t *col = tbuf + i;
         if (i < nl) {
@@ -339,13 +337,13 @@ FA_SFX(fa_qvec_softmax_nv)(FA_T *st, int64_t lds, int64_t j0, int64_t j1, FA_T *
             mt0 = FA_SFX(fa_load)(mx + v * FA_W);
         } else {
             for (; j + 2 <= j1; j += 2) {
-                mt0 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(st + j * lds + v * FA_W), mt0);
-                mt1 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(st + (j + 1) * lds + v * FA_W), mt1);
+                mt0 = FA_SFX(fa_vmax)(FA_SFX(fa_load)(st + j * lds + v * FA_W), mt0);
+                mt1 = FA_SFX(fa_vmax)(FA_SFX(fa_load)(st + (j + 1) * lds + v * FA_W), mt1);
             }
-            if (j < j1) mt0 = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(st + j * lds + v * FA_W), mt0);
+            if (j < j1) mt0 = FA_SFX(fa_vmax)(FA_SFX(fa_load)(st + j * lds + v * FA_W), mt0);
         }
         const FA_V mo = FA_SFX(fa_load)(m + v * FA_W);
-        const FA_V mt = FA_SFX(FA_VMAX)(mt0, mt1);
+        const FA_V mt = FA_SFX(fa_vmax)(mt0, mt1);
         /* mo = -inf: -inf + slack is -inf, any finite or +inf max moves it */
         const FA_V mn = FA_SFX(fa_select)(mt > mo + (FA_T)FA_RESCALE_SLACK, mt, mo);
         moved |= mn != mo;

@@ -1,10 +1,11 @@
 /* Portable SIMD primitives for fastattn's kernels.
  *
- * Written with GCC/Clang vector extensions instead of intrinsics: the same source
- * compiles to SSE2, AVX2+FMA or AVX-512 (or NEON on aarch64) depending on the flags
- * of the module that includes it (setup.py builds one module per ISA level).  The
- * vector width, and with it the register blocking of the micro-kernels, follows
- * the target: FA_VBYTES is 16, 32 or 64.
+ * Written with GCC/Clang vector extensions: the same source compiles to SSE2,
+ * AVX2+FMA, AVX-512 or NEON, one module per kernel variant (setup.py's variant
+ * table).  What differs between instruction sets -- partial loads, widening
+ * loads of the storage types, lane masks, max -- comes from one target header
+ * in isa/ (the ISA seam); the vector width, and with it the register blocking of
+ * the micro-kernels, follows the target: FA_VBYTES is 16, 32 or 64.
  *
  * Everything here is IEEE-clean: no -ffast-math is needed or wanted.  The
  * vectorised exp returns exactly 0 for -inf (and anything below the smallest
@@ -21,42 +22,28 @@
 #include <string.h>
 #include <math.h>
 
-#if defined(__AVX512F__)
-#  define FA_VBYTES 64
-#  define FA_ISA "avx512"
-#elif defined(__AVX2__)
-#  define FA_VBYTES 32
-#  define FA_ISA "avx2"
+/* The instruction set: one target header of primitives (in isa/), named by
+ * setup.py's variant table in FA_ISA_HEADER; it defines the vector width
+ * FA_VBYTES, the register blocking below, the vector types and every primitive
+ * that differs between instruction sets (isa/portable.h lists them).  Nothing
+ * below names an instruction set. */
+#ifdef FA_ISA_HEADER
+#  include FA_ISA_HEADER
 #else
-#  define FA_VBYTES 16
-#  if defined(__aarch64__)
-#    define FA_ISA "neon"
-#  else
-#    define FA_ISA "baseline"
-#  endif
+#  include "isa/generic.h"
+#endif
+#ifdef FA_VARIANT
+#  define FA_ISA FA_VARIANT
+#else
+#  define FA_ISA FA_TARGET
 #endif
 
-/* Register blocking of the two micro-kernels, in rows x vectors.
- * QK: S[MR x NV*W] = Q[MR x D] . Kt[D x NV*W]   (MR*NV accumulators)
- * PV: O[MR x NV*W] += P[MR x K] . V[K x NV*W]    (MR*NV accumulators)
+/* Register blocking of the two micro-kernels, in rows x vectors, set by the
+ * target header:
+ * QK: S[MR x NV*W] = Q[MR x D] . Kt[D x NV*W]   (FA_QK_MR * FA_QK_NV accumulators)
+ * PV: O[MR x NV*W] += P[MR x K] . V[K x NV*W]    (FA_PV_MR * FA_PV_NV accumulators)
  * Chosen so that accumulators + operands fit the register file: 32 zmm on
- * AVX-512, 16 ymm on AVX2, 16 xmm on SSE2 (NEON has 32, the SSE2 shape is safe). */
-#if FA_VBYTES == 64
-#  define FA_QK_MR 8
-#  define FA_QK_NV 2
-#  define FA_PV_MR 6
-#  define FA_PV_NV 4
-#elif FA_VBYTES == 32
-#  define FA_QK_MR 6
-#  define FA_QK_NV 2
-#  define FA_PV_MR 3
-#  define FA_PV_NV 4
-#else
-#  define FA_QK_MR 4
-#  define FA_QK_NV 2
-#  define FA_PV_MR 2
-#  define FA_PV_NV 4
-#endif
+ * AVX-512, 16 ymm on AVX2, 16 xmm on SSE2, 32 q registers on NEON. */
 
 /* Query-vectorised kernels: lanes run over queries, so the per-query softmax
  * bookkeeping is vertical (no horizontal reductions), keys and values are read
@@ -66,18 +53,7 @@
  * micro-blocks are MR keys (QK) or value columns (PV) by one chunk, MR * nv
  * accumulators, with MR = FA_QVEC_MR1 / FA_QVEC_MR2 / FA_QVEC_MR for 1 / 2 / FA_QVEC_NV
  * vectors: enough independent FMA chains to cover the latency, few enough
- * broadcast pointers to stay in registers. */
-#if FA_VBYTES == 64
-#  define FA_QVEC_NV 4
-#  define FA_QVEC_MR 6
-#  define FA_QVEC_MR2 8
-#  define FA_QVEC_MR1 16
-#else
-#  define FA_QVEC_NV 2
-#  define FA_QVEC_MR 6
-#  define FA_QVEC_MR2 6
-#  define FA_QVEC_MR1 8
-#endif
+ * broadcast pointers to stay in registers (set by the target header). */
 #define FA_QVEC_MRMAX 16
 #if FA_QVEC_NV > 4
 #  error "QVEC_RUNS_MAX (_attn_body.pxi) bounds the key runs of chunks of at most 4 vectors"
@@ -109,65 +85,6 @@
 #endif
 #ifndef FA_PF_LOC
 #  define FA_PF_LOC 3        /* __builtin_prefetch locality: 3 = prefetcht0 */
-#endif
-
-/* GCC's __builtin_shuffle (one or two source vectors, constant mask): the
- * register transposes and the lane butterflies of simd_body.h; without it
- * (clang spells it differently, MSVC has none) they fall back to scalar code. */
-#if defined(__GNUC__) && !defined(__clang__)
-#  define FA_HAVE_SHUFFLE 1
-#else
-#  define FA_HAVE_SHUFFLE 0
-#endif
-
-#if defined(__clang__)
-#  define FA_UNROLL _Pragma("clang loop unroll(full)")
-#elif defined(__GNUC__)
-#  define FA_UNROLL _Pragma("GCC unroll 16")
-#else
-#  define FA_UNROLL
-#endif
-
-/* maxps semantics: FA_VMAX(a, b) = a > b ? a : b lane-wise, so a NaN in
- * either lane gives b.  One instruction on x86 (vector extensions have no
- * max in C); elsewhere a compare and a select. */
-#if defined(__x86_64__) || defined(__i386__)
-#  include <immintrin.h>
-#  if FA_VBYTES == 64
-#    define FA_VMAX_f(a, b) ((fa_v_f)_mm512_max_ps((__m512)(a), (__m512)(b)))
-#    define FA_VMAX_d(a, b) ((fa_v_d)_mm512_max_pd((__m512d)(a), (__m512d)(b)))
-#  elif FA_VBYTES == 32
-#    define FA_VMAX_f(a, b) ((fa_v_f)_mm256_max_ps((__m256)(a), (__m256)(b)))
-#    define FA_VMAX_d(a, b) ((fa_v_d)_mm256_max_pd((__m256d)(a), (__m256d)(b)))
-#  else
-#    define FA_VMAX_f(a, b) ((fa_v_f)_mm_max_ps((__m128)(a), (__m128)(b)))
-#    define FA_VMAX_d(a, b) ((fa_v_d)_mm_max_pd((__m128d)(a), (__m128d)(b)))
-#  endif
-#else
-#  define FA_VMAX_f(a, b) fa_select_f((a) > (b), (a), (b))
-#  define FA_VMAX_d(a, b) fa_select_d((a) > (b), (a), (b))
-#endif
-
-#if FA_HAVE_SHUFFLE
-/* 16 rows of 16 bytes, transposed in place: four rounds of interleaving row i
- * with row i + 8 byte by byte (after round s, byte b of row r holds element
- * (b's and r's index bits rotated by s)), 64 two-source byte shuffles
- * (punpck{l,h}bw) for 256 bytes instead of 256 scalar loads and stores.  The
- * boolean mask of the query-vectorised path: rows are queries, columns keys. */
-typedef uint8_t fa_u8x16 __attribute__((vector_size(16)));
-static inline __attribute__((always_inline)) void fa_transpose_u8x16(fa_u8x16 *r)
-{
-    const fa_u8x16 lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
-    const fa_u8x16 hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    FA_UNROLL for (int s = 0; s < 4; s++) {
-        fa_u8x16 n[16];
-        FA_UNROLL for (int i = 0; i < 8; i++) {
-            n[2 * i] = __builtin_shuffle(r[i], r[i + 8], lo);
-            n[2 * i + 1] = __builtin_shuffle(r[i], r[i + 8], hi);
-        }
-        FA_UNROLL for (int i = 0; i < 16; i++) r[i] = n[i];
-    }
-}
 #endif
 
 /* Prefetch hints for nbytes from p (one per cache line), and how many rows of
@@ -312,8 +229,6 @@ static inline void fa_arena_give(void *p, size_t n)
 /* ---- float ---- */
 #define FA_T float
 #define FA_SFX(name) name##_f
-typedef float fa_v_f __attribute__((vector_size(FA_VBYTES)));
-typedef int32_t fa_vi_f __attribute__((vector_size(FA_VBYTES)));
 #define FA_V fa_v_f
 #define FA_VI fa_vi_f
 #define FA_IT int32_t
@@ -345,8 +260,6 @@ typedef int32_t fa_vi_f __attribute__((vector_size(FA_VBYTES)));
 /* ---- double ---- */
 #define FA_T double
 #define FA_SFX(name) name##_d
-typedef double fa_v_d __attribute__((vector_size(FA_VBYTES)));
-typedef int64_t fa_vi_d __attribute__((vector_size(FA_VBYTES)));
 #define FA_V fa_v_d
 #define FA_VI fa_vi_d
 #define FA_IT int64_t

@@ -19,7 +19,7 @@ FA_SFX(fa_col_softmax_nv)(const FA_T *x, int64_t sx, FA_T *y, int64_t sy, int64_
      * its column NaN, through exp(NaN - m) in the sum */
     for (int64_t j = 0; j < n; j++)
         FA_UNROLL for (int v = 0; v < FA_QVEC_NV; v++)
-            if (v < nv) m[v] = FA_SFX(FA_VMAX)(FA_SFX(fa_load)(x + j * sx + v * FA_W), m[v]);
+            if (v < nv) m[v] = FA_SFX(fa_vmax)(FA_SFX(fa_load)(x + j * sx + v * FA_W), m[v]);
     /* a column without a value above -inf: exp(x - 0) = 0 (or NaN) everywhere */
     FA_UNROLL for (int v = 0; v < FA_QVEC_NV; v++)
         if (v < nv) m[v] = FA_SFX(fa_select)(m[v] == ninf, zero, m[v]);

@@ -15,7 +15,6 @@ static inline void FA_SSFX(fa_pack_transposed)(const FA_S *q, const int64_t *qof
                                       FA_T *qt, int64_t ld, int64_t pf)
 {
     int64_t i0 = 0;
-#if FA_HAVE_SHUFFLE
     for (; i0 + FA_W <= nr; i0 += FA_W) {
         int64_t d0 = 0;
         for (; d0 + FA_W <= D; d0 += FA_W) {
@@ -29,7 +28,6 @@ static inline void FA_SSFX(fa_pack_transposed)(const FA_S *q, const int64_t *qof
         for (int64_t d = d0; d < D; d++)
             for (int64_t i = i0; i < i0 + FA_W; i++) qt[d * ld + i] = FA_SSFX(fa_scalar_s)(q[qoff[i] + d]) * scale;
     }
-#endif
     for (int64_t d = 0; d < D; d++)
         for (int64_t i = i0; i < nr; i++) qt[d * ld + i] = FA_SSFX(fa_scalar_s)(q[qoff[i] + d]) * scale;
 }
@@ -135,7 +133,6 @@ static inline int FA_SSFX(fa_pack_rows)(const FA_S *src, int64_t sr, int64_t n, 
 
 /* fa_qk_rows takes the rows in blocks of at most this many (a power of two) */
 #define FA_QKR_MAX (FA_W < 8 ? FA_W : 8)
-#if FA_HAVE_SHUFFLE
 /* Scores of R query rows (R a power of two <= W) with G = W / R keys, kg's rows
  * ksr apart, in one pass over the keys: one accumulator per (row, key) pair, so
  * W independent FMA chains, each key vector loaded once for the R rows; then
@@ -177,12 +174,7 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
                 if (u < nk) r[i * G + u] += qv * kv[u];
         }
     }
-    FA_UNROLL for (int h = FA_W / 2; h >= 1; h /= 2) {
-        FA_VI ma, mb;
-        FA_SFX(fa_transpose_masks)(h, &ma, &mb);
-        FA_UNROLL for (int a = 0; a < h; a++)
-            r[a] = __builtin_shuffle(r[a], r[a + h], ma) + __builtin_shuffle(r[a], r[a + h], mb);
-    }
+    FA_SFX(fa_transpose_add)(r);
     if (R == 1 && nk == FA_W) {
         FA_SFX(fa_store)(s, r[0]);
     } else {
@@ -208,9 +200,7 @@ FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_
     if (j < n)
         FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, (int)(n - j), 0, s + j, lds);
 }
-#endif
 
-#if FA_HAVE_SHUFFLE
 /* One block of rows (<= FA_QKR_MAX) in one pass per group of keys, its row count
  * padded to a power of two. */
 static inline void FA_SSFX(fa_qk_rows_pad)(const FA_T *q, int64_t ldq, int rows, int64_t D, const FA_S *k,
@@ -225,7 +215,6 @@ static inline void FA_SSFX(fa_qk_rows_pad)(const FA_T *q, int64_t ldq, int rows,
     else
         FA_SSFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 8 ? 8 : 2, rows, D, k, ksr, n, s, lds, stream);
 }
-#endif
 
 /* S[i][j] = qp[i] . k[j] for i < nr, j < n; key rows contiguous, ksr apart.
  * Blocks of up to FA_QKR_MAX rows, each in one pass over the keys per group of
@@ -239,7 +228,6 @@ static inline void FA_SSFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, 
                                       const FA_S *k, int64_t ksr, int64_t n, FA_T *s, int64_t lds)
 {
     const int64_t pf = FA_SSFX(fa_pf_rows_s)(D);
-#if FA_HAVE_SHUFFLE
     if (nr == 1) {
         /* a unit of a single row: key by key, one sequential stream (the decode
          * cases, bound by memory: 5-7 % faster than fa_qk_pass's group order).
@@ -266,12 +254,6 @@ static inline void FA_SSFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, 
             FA_SSFX(fa_qk_rows_pad)(q, ldq, rows, D, k, ksr, n, si, lds, stream);
         }
     }
-#else
-    for (int64_t j = 0; j < n; j++) {
-        FA_SSFX(fa_prefetch_s)(k + (j + pf) * ksr, D);
-        for (int64_t i = 0; i < nr; i++) s[i * lds + j] = FA_SSFX(fa_dot)(qp + i * ldq, k + j * ksr, D);
-    }
-#endif
 }
 
 /* One pass (its keys summed from zero, then added to O: two-level sums) over the keys [k0, k1) for NB (8, 4 or 1, a constant after
@@ -390,7 +372,6 @@ static inline void FA_SSFX(fa_qvec_bias)(FA_T *st, int64_t lds, int64_t j0, int6
                                          const FA_S *const *brows, int64_t ni)
 {
     int64_t i0 = 0;
-#if FA_HAVE_SHUFFLE
     for (; i0 + FA_W <= ni; i0 += FA_W) {
         int64_t j = j0;
         for (; j + FA_W <= j1; j += FA_W) {
@@ -405,7 +386,6 @@ static inline void FA_SSFX(fa_qvec_bias)(FA_T *st, int64_t lds, int64_t j0, int6
         for (; j < j1; j++)
             for (int64_t i = i0; i < i0 + FA_W; i++) st[j * lds + i] += FA_SSFX(fa_scalar_s)(brows[i][j]);
     }
-#endif
     for (int64_t i = i0; i < ni; i++)
         for (int64_t j = j0; j < j1; j++) st[j * lds + i] += FA_SSFX(fa_scalar_s)(brows[i][j]);
 }
@@ -437,7 +417,6 @@ static inline void FA_SSFX(fa_qvec_store_rows)(const FA_T *ot, int64_t ldo, int6
                                               const FA_T *inv, FA_S *o, int64_t sor)
 {
     int64_t i0 = 0;
-#if FA_HAVE_SHUFFLE
     for (; i0 + FA_W <= nr; i0 += FA_W) {
         int64_t c0 = 0;
         for (; c0 + FA_W <= Dv; c0 += FA_W) {
@@ -450,7 +429,6 @@ static inline void FA_SSFX(fa_qvec_store_rows)(const FA_T *ot, int64_t ldo, int6
         for (int64_t i = i0; i < i0 + FA_W; i++)
             for (int64_t c = c0; c < Dv; c++) o[i * sor + c] = FA_SSFX(fa_narrow_s)(ot[c * ldo + i] * inv[i]);
     }
-#endif
     for (int64_t i = i0; i < nr; i++)
         for (int64_t c = 0; c < Dv; c++) o[i * sor + c] = FA_SSFX(fa_narrow_s)(ot[c * ldo + i] * inv[i]);
 }

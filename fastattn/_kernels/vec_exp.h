@@ -78,7 +78,7 @@ static inline FA_V FA_SFX(fa_vexp)(FA_V x)
  * attention weights. */
 static inline FA_V FA_SFX(fa_vexp_nonpos)(FA_V x)
 {
-    return FA_SFX(fa_exp_core)(FA_SFX(FA_VMAX)(FA_SFX(fa_set1)(FA_EXP_ZERO), x));
+    return FA_SFX(fa_exp_core)(FA_SFX(fa_vmax)(FA_SFX(fa_set1)(FA_EXP_ZERO), x));
 }
 
 /* The same for the probabilities that only weight the values in P.V (and enter
@@ -97,7 +97,7 @@ static inline FA_V FA_SFX(fa_vexp_nonpos)(FA_V x)
 static inline FA_V FA_SFX(fa_vexp_p)(FA_V x)
 {
     /* fa_vexp_nonpos's one max, with the exact 0 moved up to n = -FA_P_BIAS */
-    return FA_SFX(fa_exp_core_b)(FA_SFX(FA_VMAX)(FA_SFX(fa_set1)(FA_P_ZERO), x), FA_P_BIAS, FA_P_SCALE);
+    return FA_SFX(fa_exp_core_b)(FA_SFX(fa_vmax)(FA_SFX(fa_set1)(FA_P_ZERO), x), FA_P_BIAS, FA_P_SCALE);
 }
 
 /* The same for one argument (the row-major path's rescale factor exp(m_old -

@@ -1,0 +1,113 @@
+/* ISA target: x86-64-v3 (AVX2, FMA, F16C, BMI2), 32-byte vectors.  The
+ * primitives of isa/portable.h, each mapped to its AVX2 form or to the portable
+ * one.  Included once by simd.h (setup.py names it in FA_ISA_HEADER). */
+#ifndef FASTATTN_ISA_TARGET_H
+#define FASTATTN_ISA_TARGET_H
+
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#  error "isa/x86_avx2.h needs -march=x86-64-v3"
+#endif
+
+#define FA_TARGET "x86_avx2"
+#define FA_VBYTES 32
+#define FA_WF 8
+#define FA_WD 4
+
+/* Register blocking (simd.h explains each): 16 ymm registers */
+#define FA_QK_MR 6
+#define FA_QK_NV 2
+#define FA_PV_MR 3
+#define FA_PV_NV 4
+#define FA_QVEC_NV 2
+#define FA_QVEC_MR 6
+#define FA_QVEC_MR2 6
+#define FA_QVEC_MR1 8
+
+#include <immintrin.h>
+#include "portable.h"
+
+/* ---- per compute type ---- */
+static inline fa_v_f fa_vmax_f(fa_v_f a, fa_v_f b) { return (fa_v_f)_mm256_max_ps((__m256)a, (__m256)b); }
+static inline fa_v_d fa_vmax_d(fa_v_d a, fa_v_d b) { return (fa_v_d)_mm256_max_pd((__m256d)a, (__m256d)b); }
+
+/* vmaskmov loads (lanes past n not read) blended with the fill; the partial
+ * store stays portable (vmaskmovps stores are microcoded on AMD cores) */
+static inline fa_v_f fa_load_part_f(const float *p, int64_t n, float fill)
+{
+    const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return (fa_v_f)_mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, k), _mm256_castsi256_ps(k));
+}
+
+static inline fa_v_d fa_load_part_d(const double *p, int64_t n, double fill)
+{
+    const __m256i k = _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), _mm256_setr_epi64x(0, 1, 2, 3));
+    return (fa_v_d)_mm256_blendv_pd(_mm256_set1_pd(fill), _mm256_maskload_pd(p, k), _mm256_castsi256_pd(k));
+}
+
+#define fa_store_part_f fa_port_store_part_f
+#define fa_store_part_d fa_port_store_part_d
+
+static inline unsigned fa_lane_bits_f(fa_vi_f m) { return (unsigned)_mm256_movemask_ps((__m256)m); }
+static inline unsigned fa_lane_bits_d(fa_vi_d m) { return (unsigned)_mm256_movemask_pd((__m256d)m); }
+
+static inline fa_vi_f fa_widen_bytes_f(const uint8_t *b)
+{
+    return (fa_vi_f)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b));
+}
+
+static inline fa_vi_d fa_widen_bytes_d(const uint8_t *b)
+{
+    int32_t w;
+    memcpy(&w, b, sizeof w);
+    return (fa_vi_d)_mm256_cvtepu8_epi64(_mm_cvtsi32_si128(w));
+}
+
+#define fa_hsum_f fa_port_hsum_f
+#define fa_hsum_d fa_port_hsum_d
+#define fa_hmax_f fa_port_hmax_f
+#define fa_hmax_d fa_port_hmax_d
+#define fa_transpose_f fa_port_transpose_f
+#define fa_transpose_d fa_port_transpose_d
+#define fa_transpose_add_f fa_port_transpose_add_f
+#define fa_transpose_add_d fa_port_transpose_add_d
+#define fa_transpose_u8x16 fa_port_transpose_u8x16
+
+/* ---- storage types: F16C, shifts, sign extension ---- */
+static inline float fa_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+static inline uint16_t fa_f32_to_f16(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+
+static inline fa_v_f fa_load_f16(const uint16_t *p)
+{
+    return (fa_v_f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static inline fa_v_f fa_load_part_f16(const uint16_t *p, int64_t n, float fill)
+{
+    float t[FA_WF];
+    for (int i = 0; i < FA_WF; i++) t[i] = i < n ? _cvtsh_ss(p[i]) : fill;
+    return fa_port_loadu_f(t);
+}
+
+static inline void fa_store_f16(uint16_t *p, fa_v_f x)
+{
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph((__m256)x, _MM_FROUND_TO_NEAREST_INT));
+}
+
+static inline fa_v_f fa_load_bf16(const uint16_t *p)
+{
+    return (fa_v_f)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+#define fa_load_part_bf16 fa_port_load_part_bf16
+#define fa_bf16_to_f32 fa_port_bf16_to_f32
+#define fa_f32_to_bf16 fa_port_f32_to_bf16
+#define fa_store_bf16 fa_port_store_bf16
+
+static inline fa_v_f fa_load_i8(const int8_t *p)
+{
+    return (fa_v_f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+#define fa_load_part_i8 fa_port_load_part_i8
+
+#endif /* FASTATTN_ISA_TARGET_H */

@@ -1,0 +1,132 @@
+/* ISA target: x86-64-v4 (AVX-512 F/BW/CD/DQ/VL, FMA, F16C), 64-byte vectors.
+ * The primitives of isa/portable.h, each mapped to its AVX-512 form or to the
+ * portable one.  Also compiled with AVX512_BF16 (the avx512_bf16 variant).
+ * Included once by simd.h (setup.py names it in FA_ISA_HEADER). */
+#ifndef FASTATTN_ISA_TARGET_H
+#define FASTATTN_ISA_TARGET_H
+
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__F16C__)
+#  error "isa/x86_avx512.h needs -march=x86-64-v4"
+#endif
+
+#define FA_TARGET "x86_avx512"
+#define FA_VBYTES 64
+#define FA_WF 16
+#define FA_WD 8
+
+/* Register blocking (simd.h explains each): 32 zmm registers */
+#define FA_QK_MR 8
+#define FA_QK_NV 2
+#define FA_PV_MR 6
+#define FA_PV_NV 4
+#define FA_QVEC_NV 4
+#define FA_QVEC_MR 6
+#define FA_QVEC_MR2 8
+#define FA_QVEC_MR1 16
+
+#include <immintrin.h>
+#include "portable.h"
+
+/* ---- per compute type ---- */
+static inline fa_v_f fa_vmax_f(fa_v_f a, fa_v_f b) { return (fa_v_f)_mm512_max_ps((__m512)a, (__m512)b); }
+static inline fa_v_d fa_vmax_d(fa_v_d a, fa_v_d b) { return (fa_v_d)_mm512_max_pd((__m512d)a, (__m512d)b); }
+
+/* masked loads and stores: lanes past n are not touched, and no
+ * store-forwarding stall (a row of scalar stores read back as one vector waits
+ * for every store to retire: on the short score rows of a small problem, where
+ * every row ends in a partial vector, that stall was a large part of the row's
+ * softmax) */
+static inline fa_v_f fa_load_part_f(const float *p, int64_t n, float fill)
+{
+    return (fa_v_f)_mm512_mask_loadu_ps(_mm512_set1_ps(fill), (__mmask16)((1u << n) - 1), p);
+}
+
+static inline fa_v_d fa_load_part_d(const double *p, int64_t n, double fill)
+{
+    return (fa_v_d)_mm512_mask_loadu_pd(_mm512_set1_pd(fill), (__mmask8)((1u << n) - 1), p);
+}
+
+static inline void fa_store_part_f(float *p, fa_v_f v, int64_t n)
+{
+    _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v);
+}
+
+static inline void fa_store_part_d(double *p, fa_v_d v, int64_t n)
+{
+    _mm512_mask_storeu_pd(p, (__mmask8)((1u << n) - 1), (__m512d)v);
+}
+
+static inline unsigned fa_lane_bits_f(fa_vi_f m) { return _mm512_test_epi32_mask((__m512i)m, (__m512i)m); }
+static inline unsigned fa_lane_bits_d(fa_vi_d m) { return _mm512_test_epi64_mask((__m512i)m, (__m512i)m); }
+
+/* vpmovzxb{d,q} (GCC lowers a conversion between vectors of different sizes to
+ * a vpinsr per lane) */
+static inline fa_vi_f fa_widen_bytes_f(const uint8_t *b)
+{
+    return (fa_vi_f)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
+}
+
+static inline fa_vi_d fa_widen_bytes_d(const uint8_t *b)
+{
+    return (fa_vi_d)_mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)b));
+}
+
+#define fa_hsum_f fa_port_hsum_f
+#define fa_hsum_d fa_port_hsum_d
+#define fa_hmax_f fa_port_hmax_f
+#define fa_hmax_d fa_port_hmax_d
+#define fa_transpose_f fa_port_transpose_f
+#define fa_transpose_d fa_port_transpose_d
+#define fa_transpose_add_f fa_port_transpose_add_f
+#define fa_transpose_add_d fa_port_transpose_add_d
+#define fa_transpose_u8x16 fa_port_transpose_u8x16
+
+/* ---- storage types: F16C, shifts, sign extension; masked partial loads ---- */
+static inline float fa_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+static inline uint16_t fa_f32_to_f16(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+
+static inline fa_v_f fa_load_f16(const uint16_t *p)
+{
+    return (fa_v_f)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+static inline fa_v_f fa_load_part_f16(const uint16_t *p, int64_t n, float fill)
+{
+    const __mmask16 k = (__mmask16)((1u << n) - 1);
+    return (fa_v_f)_mm512_mask_blend_ps(k, _mm512_set1_ps(fill), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, p)));
+}
+
+static inline void fa_store_f16(uint16_t *p, fa_v_f x)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)x, _MM_FROUND_TO_NEAREST_INT));
+}
+
+static inline fa_v_f fa_load_bf16(const uint16_t *p)
+{
+    return (fa_v_f)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+static inline fa_v_f fa_load_part_bf16(const uint16_t *p, int64_t n, float fill)
+{
+    const __mmask16 k = (__mmask16)((1u << n) - 1);
+    const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p)), 16));
+    return (fa_v_f)_mm512_mask_blend_ps(k, _mm512_set1_ps(fill), x);
+}
+
+#define fa_bf16_to_f32 fa_port_bf16_to_f32
+#define fa_f32_to_bf16 fa_port_f32_to_bf16
+#define fa_store_bf16 fa_port_store_bf16
+
+static inline fa_v_f fa_load_i8(const int8_t *p)
+{
+    return (fa_v_f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+static inline fa_v_f fa_load_part_i8(const int8_t *p, int64_t n, float fill)
+{
+    const __mmask16 k = (__mmask16)((1u << n) - 1);
+    const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, p)));
+    return (fa_v_f)_mm512_mask_blend_ps(k, _mm512_set1_ps(fill), x);
+}
+
+#endif /* FASTATTN_ISA_TARGET_H */
