@@ -13,7 +13,7 @@ import pytest
 
 import fastattn
 from fa_testutil import (LAYOUTS, assert_close, assert_unchanged, compute_dtype, expected_dtype,
-                      make_layout, randn, reference as R, snapshot)
+                      make_layout, randn, reference as R, snapshot, tol_for)
 
 FLOATS = [np.float32, np.float64]
 
@@ -90,13 +90,19 @@ def test_explicit_scale(scale, rng):
 
 
 def test_large_scores_stable(rng):
-    """Scores in the thousands: online softmax must not overflow."""
+    """Scores in the thousands: online softmax must not overflow.  The float32
+    scores themselves carry a rounding error of about half an ulp of their size
+    (~3e-5 at 1000), which the weights inherit, so the tolerance grows with the
+    largest score: the usual 1e-5 held or failed by the seed alone."""
     for dtype in FLOATS:
         q, k, v = _make(rng, ((), (), (), 31, 300, 32, 8), dtype)
         out = fastattn.attention(q, k, v, scale=50.0)
         want = R.attention(q, k, v, scale=50.0)
         assert np.isfinite(out).all()
-        assert_close(out, want, dtype)
+        top = 50.0 * np.abs(q.astype(np.float64) @ k.astype(np.float64).T).max()
+        assert top > 500                  # the case is what it says
+        tol = max(tol_for(dtype), float(np.finfo(dtype).eps) * top / 4)
+        assert_close(out, want, dtype, tol=tol)
 
 
 # ------------------------------------------------------------------ dtypes

@@ -1,0 +1,135 @@
+/* ISA target: AArch64 Advanced SIMD (NEON), 16-byte vectors, 32 registers.
+ * The `neon` variant is plain ARMv8.0-A; `neon_bf16` is the same header compiled
+ * for cores with BF16 (ARMv8.6-A and some v8.2+ cores: Graviton3/4, Neoverse
+ * N2/V1/V2, Apple M2 and later).  float16 widens by FCVTL / narrows by FCVTN,
+ * bfloat16 by a 16-bit shift (SHLL), int8 by SXTL; everything else is the
+ * portable GNU-vector code, which GCC and clang map onto zip / trn / ext /
+ * faddp.  Included once by simd.h (setup.py names it in FA_ISA_HEADER). */
+#ifndef FASTATTN_ISA_TARGET_H
+#define FASTATTN_ISA_TARGET_H
+
+#if !defined(__aarch64__) && !defined(_M_ARM64)
+#  error "isa/neon.h is for AArch64"
+#endif
+
+#define FA_TARGET "neon"
+#define FA_VBYTES 16
+#define FA_WF 4
+#define FA_WD 2
+
+/* Register blocking (simd.h explains each): 32 q registers, so the AVX-512
+ * shapes (24 accumulators) fit; 4-lane vectors need more independent FMA chains
+ * than the SSE2 shapes give (FMA latency 3-4 cycles on 2-4 pipes). */
+#define FA_QK_MR 6
+#define FA_QK_NV 4
+#define FA_PV_MR 6
+#define FA_PV_NV 4
+#define FA_QVEC_NV 4
+#define FA_QVEC_MR 6
+#define FA_QVEC_MR2 12
+#define FA_QVEC_MR1 16
+
+#include <arm_neon.h>
+#include "portable.h"
+
+/* ---- per compute type ---- */
+#define fa_vmax_f fa_port_vmax_f
+#define fa_vmax_d fa_port_vmax_d
+#define fa_load_part_f fa_port_load_part_f
+#define fa_load_part_d fa_port_load_part_d
+#define fa_store_part_f fa_port_store_part_f
+#define fa_store_part_d fa_port_store_part_d
+#define fa_hsum_f fa_port_hsum_f
+#define fa_hsum_d fa_port_hsum_d
+#define fa_hmax_f fa_port_hmax_f
+#define fa_hmax_d fa_port_hmax_d
+#define fa_transpose_f fa_port_transpose_f
+#define fa_transpose_d fa_port_transpose_d
+#define fa_transpose_add_f fa_port_transpose_add_f
+#define fa_transpose_add_d fa_port_transpose_add_d
+#define fa_transpose_u8x16 fa_port_transpose_u8x16
+
+/* one AND and one add across the lanes (ADDV) instead of a loop over lanes */
+static inline unsigned fa_lane_bits_f(fa_vi_f m)
+{
+    const uint32x4_t bit = {1, 2, 4, 8};
+    return vaddvq_u32(vandq_u32(vreinterpretq_u32_s32(m), bit));
+}
+
+static inline unsigned fa_lane_bits_d(fa_vi_d m)
+{
+    const uint64x2_t bit = {1, 2};
+    return (unsigned)vaddvq_u64(vandq_u64(vreinterpretq_u64_s64(m), bit));
+}
+
+/* 4 bytes (one 32-bit load) zero-extended by two UXTLs */
+static inline fa_vi_f fa_widen_bytes_f(const uint8_t *b)
+{
+    uint32_t w;
+    memcpy(&w, b, sizeof w);
+    const uint8x8_t x = vreinterpret_u8_u32(vdup_n_u32(w));
+    return vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(x))));
+}
+
+#define fa_widen_bytes_d fa_port_widen_bytes_d
+
+/* ---- storage types ---- */
+static inline float fa_f16_to_f32(uint16_t h)
+{
+    __fp16 x;
+    memcpy(&x, &h, sizeof x);
+    return (float)x;                      /* FCVT s, h */
+}
+
+static inline uint16_t fa_f32_to_f16(float f)
+{
+    const __fp16 x = (__fp16)f;           /* FCVT h, s: round to nearest even, NaN quiet */
+    uint16_t h;
+    memcpy(&h, &x, sizeof h);
+    return h;
+}
+
+static inline fa_v_f fa_load_f16(const uint16_t *p)
+{
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));     /* FCVTL */
+}
+
+static inline fa_v_f fa_load_part_f16(const uint16_t *p, int64_t n, float fill)
+{
+    float t[FA_WF];
+    for (int i = 0; i < FA_WF; i++) t[i] = i < n ? fa_f16_to_f32(p[i]) : fill;
+    return fa_port_loadu_f(t);
+}
+
+static inline void fa_store_f16(uint16_t *p, fa_v_f x)
+{
+    vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(x)));          /* FCVTN */
+}
+
+static inline fa_v_f fa_load_bf16(const uint16_t *p)
+{
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));  /* SHLL #16 */
+}
+
+#define fa_load_part_bf16 fa_port_load_part_bf16
+#define fa_bf16_to_f32 fa_port_bf16_to_f32
+#define fa_f32_to_bf16 fa_port_f32_to_bf16
+#define fa_store_bf16 fa_port_store_bf16
+
+/* 4 bytes (one 32-bit load) sign-extended by two SXTLs, then SCVTF */
+static inline fa_v_f fa_load_i8(const int8_t *p)
+{
+    int32_t w;
+    memcpy(&w, p, sizeof w);
+    const int8x8_t x = vreinterpret_s8_s32(vdup_n_s32(w));
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(x))));
+}
+
+static inline fa_v_f fa_load_part_i8(const int8_t *p, int64_t n, float fill)
+{
+    float t[FA_WF];
+    for (int i = 0; i < FA_WF; i++) t[i] = i < n ? (float)p[i] : fill;
+    return fa_port_loadu_f(t);
+}
+
+#endif /* FASTATTN_ISA_TARGET_H */
