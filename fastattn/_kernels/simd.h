@@ -55,6 +55,25 @@
  * vectors: enough independent FMA chains to cover the latency, few enough
  * broadcast pointers to stay in registers (set by the target header). */
 #define FA_QVEC_MRMAX 16
+
+/* Few-rows (decode) loops, set by the target header where its FMA latency and
+ * pipes want other numbers: FA_DOT_ACCS independent accumulators of a dot
+ * product (fa_dot, a power of two), FA_ROW_NB vectors of an output row per pass
+ * over the value rows (fa_pv_qk_row1, 8 or 16), FA_QK_PAIRS below. */
+#ifndef FA_DOT_ACCS
+#  define FA_DOT_ACCS 2
+#endif
+/* (row, key) accumulators of a few-rows score pass (fa_qk_pass), in vectors:
+ * FA_QK_PAIRS_W * FA_W, more than FA_W on targets with few lanes */
+#ifndef FA_QK_PAIRS_W
+#  define FA_QK_PAIRS_W 1
+#endif
+#ifndef FA_ROW_NB
+#  define FA_ROW_NB 8
+#endif
+#if FA_ROW_NB != 8 && FA_ROW_NB != 16
+#  error "FA_ROW_NB is 8 or 16"
+#endif
 #if FA_QVEC_NV > 4
 #  error "QVEC_RUNS_MAX (_attn_body.pxi) bounds the key runs of chunks of at most 4 vectors"
 #endif

@@ -5,6 +5,7 @@
 
 #define FA_W ((int)(FA_VBYTES / sizeof(FA_T)))        /* lanes per vector */
 #define FA_QK_NR (FA_QK_NV * FA_W)                      /* columns per QK panel */
+#define FA_QK_PAIRS (FA_QK_PAIRS_W * FA_W)              /* accumulators of fa_qk_pass */
 
 #include "vec_core.h"
 #include "vec_exp.h"
@@ -49,3 +50,4 @@
 
 #undef FA_W
 #undef FA_QK_NR
+#undef FA_QK_PAIRS

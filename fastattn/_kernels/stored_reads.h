@@ -87,18 +87,32 @@ FA_SSFX(fa_pv_cols)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict vp
  * contiguous row at a time, so nothing is packed and no lane is wasted on
  * padding rows; these loops are bound by memory bandwidth, not FLOPs. */
 
+/* a . b over n elements in FA_DOT_ACCS independent accumulators (the target's
+ * choice: enough FMA chains to cover the latency of its FMA pipes), summed
+ * pairwise, then across the lanes; a scalar tail. */
 static inline FA_T FA_SSFX(fa_dot)(const FA_T *a, const FA_S *b, int64_t n)
 {
-    FA_V acc0 = FA_SFX(fa_set1)(0), acc1 = acc0;
+    FA_V acc[FA_DOT_ACCS];
+    FA_UNROLL for (int u = 0; u < FA_DOT_ACCS; u++) acc[u] = FA_SFX(fa_set1)(0);
     int64_t d = 0;
-    for (; d + 2 * FA_W <= n; d += 2 * FA_W) {
-        acc0 += FA_SFX(fa_load)(a + d) * FA_SSFX(fa_load_s)(b + d);
-        acc1 += FA_SFX(fa_load)(a + d + FA_W) * FA_SSFX(fa_load_s)(b + d + FA_W);
+    for (; d + FA_DOT_ACCS * FA_W <= n; d += FA_DOT_ACCS * FA_W) {
+#if FA_DOT_ACCS % 4 == 0
+        FA_UNROLL for (int u = 0; u < FA_DOT_ACCS; u += 4) {
+            FA_V bv[4];
+            FA_SSFX(fa_load4_s)(b + d + u * FA_W, bv);
+            FA_UNROLL for (int i = 0; i < 4; i++) acc[u + i] += FA_SFX(fa_load)(a + d + (u + i) * FA_W) * bv[i];
+        }
+#else
+        FA_UNROLL for (int u = 0; u < FA_DOT_ACCS; u++)
+            acc[u] += FA_SFX(fa_load)(a + d + u * FA_W) * FA_SSFX(fa_load_s)(b + d + u * FA_W);
+#endif
     }
-    for (; d + FA_W <= n; d += FA_W) acc0 += FA_SFX(fa_load)(a + d) * FA_SSFX(fa_load_s)(b + d);
+    for (; d + FA_W <= n; d += FA_W) acc[0] += FA_SFX(fa_load)(a + d) * FA_SSFX(fa_load_s)(b + d);
     FA_T s = 0;
     for (; d < n; d++) s += a[d] * FA_SSFX(fa_scalar_s)(b[d]);
-    return s + FA_SFX(fa_hsum)(acc0 + acc1);
+    FA_UNROLL for (int h = FA_DOT_ACCS / 2; h >= 1; h /= 2)
+        FA_UNROLL for (int u = 0; u < h; u++) acc[u] += acc[u + h];
+    return s + FA_SFX(fa_hsum)(acc[0]);
 }
 
 /* Copy n rows of D contiguous elements (rows sr apart) into dst rows ldd apart,
@@ -132,27 +146,29 @@ static inline int FA_SSFX(fa_pack_rows)(const FA_S *src, int64_t sr, int64_t n, 
 }
 
 /* fa_qk_rows takes the rows in blocks of at most this many (a power of two) */
-#define FA_QKR_MAX (FA_W < 8 ? FA_W : 8)
-/* Scores of R query rows (R a power of two <= W) with G = W / R keys, kg's rows
- * ksr apart, in one pass over the keys: one accumulator per (row, key) pair, so
- * W independent FMA chains, each key vector loaded once for the R rows; then
- * one transpose-and-add tree instead of W horizontal sums.  Lane i*G + u of the
- * tree's result is the sum of the lanes of pair (i, u) in fa_hsum's order, so a
- * score does not depend on R or on the key's place in the group.  Stores the
- * first nrow rows' scores of the first nk keys (s rows lds apart); keys past nk
- * are not read.  pf != 0: while a key vector is read, the same vector pf rows
- * further on is requested (the keys stream from memory: one request per load,
- * spread evenly over the pass). */
+#define FA_QKR_MAX (FA_QK_PAIRS < 8 ? FA_QK_PAIRS : 8)
+/* Scores of R query rows (R a power of two <= FA_QKR_MAX) with G = FA_QK_PAIRS /
+ * R keys, kg's rows ksr apart, in one pass over the keys: one accumulator per
+ * (row, key) pair, so FA_QK_PAIRS independent FMA chains (the target's choice:
+ * W on x86, 4 W on NEON, whose 4-lane vectors would give too few), each key
+ * vector loaded once for the R rows; then per W of them one transpose-and-add
+ * tree instead of W horizontal sums.  Lane x of tree b is the sum of the lanes
+ * of pair b * W + x = (i, u) -- pair i*G + u -- in fa_hsum's order, so a score
+ * does not depend on R or on the key's place in the group.  Stores the first
+ * nrow rows' scores of the first nk keys (s rows lds apart); keys past nk are not
+ * read.  pf != 0: while a key vector is read, the same vector pf rows further on
+ * is requested (the keys stream from memory: one request per load, spread evenly
+ * over the pass). */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_S *kg, int64_t ksr,
                    int nk, int64_t pf, FA_T *s, int64_t lds)
 {
-    const int G = FA_W / R;
-    FA_V r[FA_W];
-    FA_UNROLL for (int x = 0; x < FA_W; x++) r[x] = FA_SFX(fa_set1)(0);
+    const int G = FA_QK_PAIRS / R;
+    FA_V r[FA_QK_PAIRS];
+    FA_UNROLL for (int x = 0; x < FA_QK_PAIRS; x++) r[x] = FA_SFX(fa_set1)(0);
     int64_t d = 0;
     for (; d + FA_W <= D; d += FA_W) {
-        FA_V kv[FA_W];
+        FA_V kv[FA_QK_PAIRS];
         FA_UNROLL for (int u = 0; u < G; u++)
             if (u < nk) {
                 if (pf) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
@@ -165,7 +181,7 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
         }
     }
     if (d < D) {
-        FA_V kv[FA_W];
+        FA_V kv[FA_QK_PAIRS];
         FA_UNROLL for (int u = 0; u < G; u++)
             if (u < nk) kv[u] = FA_SSFX(fa_load_part_s)(kg + u * ksr + d, D - d, 0);
         FA_UNROLL for (int i = 0; i < R; i++) {
@@ -174,12 +190,12 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
                 if (u < nk) r[i * G + u] += qv * kv[u];
         }
     }
-    FA_SFX(fa_transpose_add)(r);
-    if (R == 1 && nk == FA_W) {
+    FA_UNROLL for (int b = 0; b < FA_QK_PAIRS / FA_W; b++) FA_SFX(fa_transpose_add)(r + b * FA_W);
+    if (FA_QK_PAIRS == FA_W && R == 1 && nk == FA_W) {
         FA_SFX(fa_store)(s, r[0]);
     } else {
-        FA_T t[FA_W];
-        FA_SFX(fa_store)(t, r[0]);
+        FA_T t[FA_QK_PAIRS];
+        FA_UNROLL for (int b = 0; b < FA_QK_PAIRS / FA_W; b++) FA_SFX(fa_store)(t + b * FA_W, r[b * FA_W]);
         for (int i = 0; i < nrow; i++)
             for (int u = 0; u < nk; u++) s[i * lds + u] = t[i * G + u];
     }
@@ -191,7 +207,7 @@ static inline __attribute__((always_inline)) void
 FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_S *k, int64_t ksr,
                      int64_t n, FA_T *s, int64_t lds, int stream)
 {
-    const int G = FA_W / R;
+    const int G = FA_QK_PAIRS / R;
     const int64_t pfr = FA_SSFX(fa_pf_rows_s)(D);
     const int64_t pf = !stream ? 0 : pfr > G ? pfr : G;
     int64_t j = 0;
@@ -256,6 +272,22 @@ static inline void FA_SSFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, 
     }
 }
 
+/* a[u] += w * vr[u * W : (u + 1) * W] for u < NB (a constant after inlining),
+ * four vectors of vr at a time where NB allows (one wide load on some targets) */
+static inline __attribute__((always_inline)) void
+FA_SSFX(fa_pv1_axpy)(FA_V *a, FA_V w, const FA_S *vr, const int NB)
+{
+    if (NB % 4 == 0) {
+        FA_UNROLL for (int u = 0; u < NB; u += 4) {
+            FA_V x[4];
+            FA_SSFX(fa_load4_s)(vr + u * FA_W, x);
+            FA_UNROLL for (int i = 0; i < 4; i++) a[u + i] += w * x[i];
+        }
+    } else {
+        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SSFX(fa_load_s)(vr + u * FA_W);
+    }
+}
+
 /* One pass (its keys summed from zero, then added to O: two-level sums) over the keys [k0, k1) for NB (8, 4 or 1, a constant after
  * inlining) vectors of one output row: O[0:NB*W] += sum_k P[k] * V[k][0:NB*W],
  * V rows ldv apart, read in place, accumulated key by key.  With nk > 0 the
@@ -271,7 +303,7 @@ FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, 
 {
     const int64_t pfv = FA_SSFX(fa_pf_rows_s)(NB * FA_W), pfk = FA_SSFX(fa_pf_rows_s)(D);
     const int64_t nv = k1 > k0 ? k1 - k0 : 0, both = nk < nv ? nk : nv;
-    FA_V a[8];
+    FA_V a[FA_ROW_NB];
     FA_UNROLL for (int u = 0; u < NB; u++) a[u] = FA_SFX(fa_set1)(0);
     int64_t i = 0;
     for (; i < both; i++) {
@@ -279,14 +311,14 @@ FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, 
         const FA_S *vr = vv + (k0 + i) * ldv;
         if (prefetch) FA_SSFX(fa_prefetch_s)(vr + pfv * ldv, NB * FA_W);
         FA_SSFX(fa_prefetch_s)(kn + (i + pfk) * ksr, D);
-        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SSFX(fa_load_s)(vr + u * FA_W);
+        FA_SSFX(fa_pv1_axpy)(a, w, vr, NB);
         sn[i] = FA_SSFX(fa_dot)(qp, kn + i * ksr, D);
     }
     for (; i < nv; i++) {
         const FA_V w = FA_SFX(fa_set1)(p[k0 + i]);
         const FA_S *vr = vv + (k0 + i) * ldv;
         if (prefetch) FA_SSFX(fa_prefetch_s)(vr + pfv * ldv, NB * FA_W);
-        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SSFX(fa_load_s)(vr + u * FA_W);
+        FA_SSFX(fa_pv1_axpy)(a, w, vr, NB);
     }
     for (; i < nk; i++) {
         FA_SSFX(fa_prefetch_s)(kn + (i + pfk) * ksr, D);
@@ -296,15 +328,21 @@ FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, 
 }
 
 /* O[0][0:nvec*W] += sum_{k in [k0,k1)} P[0][k] * V[k][0:nvec*W] for one row (V
- * rows ldv apart, read in place), in blocks of 8 vectors (a 128-float or
- * 64-double row in one pass over the keys), then 4, then 1; prefetch: the 8-
- * and 4-vector passes request the value rows ahead.  nk > 0: the first pass
- * also computes the next tile's nk one-row scores (fa_pv1_qk_pass). */
+ * rows ldv apart, read in place), in blocks of FA_ROW_NB vectors (the target's
+ * choice: 8 on x86, a 128-float or 64-double row in one pass over the keys on
+ * AVX-512; 16 on NEON), then 8, then 4, then 1; prefetch: the passes of 4 or
+ * more vectors request the value rows ahead.  nk > 0: the first pass also
+ * computes the next tile's nk one-row scores (fa_pv1_qk_pass). */
 static inline void FA_SSFX(fa_pv_qk_row1)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1,
                                          FA_T *o, int64_t nvec, int prefetch, const FA_T *qp, int64_t D,
                                          const FA_S *kn, int64_t ksr, int64_t nk, FA_T *sn)
 {
     int64_t c = 0;
+#if FA_ROW_NB > 8
+    for (; c + FA_ROW_NB <= nvec; c += FA_ROW_NB, nk = 0)
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, FA_ROW_NB, prefetch, qp, D, kn, ksr,
+                                nk, sn);
+#endif
     for (; c + 8 <= nvec; c += 8, nk = 0)
         FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, prefetch, qp, D, kn, ksr, nk, sn);
     for (; c + 4 <= nvec; c += 4, nk = 0)

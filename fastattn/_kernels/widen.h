@@ -41,6 +41,11 @@ static inline void FA_SSFX(fa_store_s)(FA_S *p, FA_V x)
     FA_SFX(fa_store)(p, x);
 }
 
+static inline void FA_SSFX(fa_load4_s)(const FA_S *p, FA_V *v)
+{
+    FA_LOAD4_BY_ONE(FA_SFX(fa_load), p, v, FA_W);
+}
+
 static inline FA_S FA_SSFX(fa_narrow_s)(FA_T x)
 {
     return x;
@@ -51,14 +56,17 @@ static inline FA_S FA_SSFX(fa_narrow_s)(FA_T x)
 #  define FA_S_TO_F32 fa_f16_to_f32
 #  define FA_S_LOAD fa_load_f16
 #  define FA_S_LOAD_PART fa_load_part_f16
+#  define FA_S_LOAD4 fa_load4_f16
 #elif FA_S_BF16
 #  define FA_S_TO_F32 fa_bf16_to_f32
 #  define FA_S_LOAD fa_load_bf16
 #  define FA_S_LOAD_PART fa_load_part_bf16
+#  define FA_S_LOAD4 fa_load4_bf16
 #elif FA_S_I8
 #  define FA_S_TO_F32 (float)
 #  define FA_S_LOAD fa_load_i8
 #  define FA_S_LOAD_PART fa_load_part_i8
+#  define FA_S_LOAD4 fa_load4_i8
 #endif
 
 static inline float FA_SSFX(fa_scalar_s)(FA_S x)
@@ -77,9 +85,15 @@ static inline FA_V FA_SSFX(fa_load_part_s)(const FA_S *p, int64_t n, FA_T fill)
 {
     return FA_S_LOAD_PART(p, n, fill);
 }
+/* 4 consecutive vectors (a target may load them in one go) */
+static inline void FA_SSFX(fa_load4_s)(const FA_S *p, FA_V *v)
+{
+    FA_S_LOAD4(p, v);
+}
 #undef FA_S_TO_F32
 #undef FA_S_LOAD
 #undef FA_S_LOAD_PART
+#undef FA_S_LOAD4
 
 #if FA_S_F16
 /* float32 -> IEEE half, rounded to nearest even (overflow to inf, subnormals,

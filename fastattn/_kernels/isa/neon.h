@@ -17,17 +17,24 @@
 #define FA_WF 4
 #define FA_WD 2
 
-/* Register blocking (simd.h explains each): 32 q registers, so the AVX-512
- * shapes (24 accumulators) fit; 4-lane vectors need more independent FMA chains
- * than the SSE2 shapes give (FMA latency 3-4 cycles on 2-4 pipes). */
-#define FA_QK_MR 6
+/* Register blocking (simd.h explains each): 32 q registers hold the
+ * accumulators, the vectors of one operand and the broadcast scalars of the
+ * other (GCC keeps those in s registers and multiplies by element), so 5 x 4
+ * blocks (20 + 4 + 5 registers; 6 x 4 spilled two accumulators to the stack on
+ * every step).  Decode loops: 8 dot-product accumulators, 16-vector output
+ * passes and 16 (row, key) pairs per score pass of a few rows give the 16
+ * independent FMA chains that 4 pipes of latency 4 need. */
+#define FA_QK_MR 5
 #define FA_QK_NV 4
-#define FA_PV_MR 6
+#define FA_PV_MR 5
 #define FA_PV_NV 4
 #define FA_QVEC_NV 4
-#define FA_QVEC_MR 6
-#define FA_QVEC_MR2 12
+#define FA_QVEC_MR 5
+#define FA_QVEC_MR2 10
 #define FA_QVEC_MR1 16
+#define FA_DOT_ACCS 8
+#define FA_ROW_NB 16
+#define FA_QK_PAIRS_W 4
 
 #include <arm_neon.h>
 #include "portable.h"
@@ -94,6 +101,16 @@ static inline fa_v_f fa_load_f16(const uint16_t *p)
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));     /* FCVTL */
 }
 
+/* two 16-byte loads, FCVTL / FCVTL2 */
+static inline void fa_load4_f16(const uint16_t *p, fa_v_f *v)
+{
+    const float16x8_t a = vreinterpretq_f16_u16(vld1q_u16(p)), b = vreinterpretq_f16_u16(vld1q_u16(p + 8));
+    v[0] = vcvt_f32_f16(vget_low_f16(a));
+    v[1] = vcvt_high_f32_f16(a);
+    v[2] = vcvt_f32_f16(vget_low_f16(b));
+    v[3] = vcvt_high_f32_f16(b);
+}
+
 static inline fa_v_f fa_load_part_f16(const uint16_t *p, int64_t n, float fill)
 {
     float t[FA_WF];
@@ -111,18 +128,41 @@ static inline fa_v_f fa_load_bf16(const uint16_t *p)
     return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));  /* SHLL #16 */
 }
 
+/* two 16-byte loads, SHLL / SHLL2 */
+static inline void fa_load4_bf16(const uint16_t *p, fa_v_f *v)
+{
+    const uint16x8_t a = vld1q_u16(p), b = vld1q_u16(p + 8);
+    v[0] = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(a), 16));
+    v[1] = vreinterpretq_f32_u32(vshll_high_n_u16(a, 16));
+    v[2] = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(b), 16));
+    v[3] = vreinterpretq_f32_u32(vshll_high_n_u16(b, 16));
+}
+
 #define fa_load_part_bf16 fa_port_load_part_bf16
 #define fa_bf16_to_f32 fa_port_bf16_to_f32
 #define fa_f32_to_bf16 fa_port_f32_to_bf16
 #define fa_store_bf16 fa_port_store_bf16
 
-/* 4 bytes (one 32-bit load) sign-extended by two SXTLs, then SCVTF */
+/* 4 bytes (one 32-bit load into a vector register) sign-extended by two SXTLs,
+ * then SCVTF */
 static inline fa_v_f fa_load_i8(const int8_t *p)
 {
-    int32_t w;
+    uint32_t w;
     memcpy(&w, p, sizeof w);
-    const int8x8_t x = vreinterpret_s8_s32(vdup_n_s32(w));
+    const int8x8_t x = vreinterpret_s8_u64(vcreate_u64(w));
     return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(x))));
+}
+
+/* 16 bytes in one load, widened by SXTL / SXTL2 in two steps: 6 widenings for 4
+ * vectors instead of 8 and one load instead of 4 */
+static inline void fa_load4_i8(const int8_t *p, fa_v_f *v)
+{
+    const int8x16_t b = vld1q_s8(p);
+    const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_high_s8(b);
+    v[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
+    v[1] = vcvtq_f32_s32(vmovl_high_s16(lo));
+    v[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
+    v[3] = vcvtq_f32_s32(vmovl_high_s16(hi));
 }
 
 static inline fa_v_f fa_load_part_i8(const int8_t *p, int64_t n, float fill)

@@ -20,8 +20,9 @@
  *   fa_widen_bytes(b)        W bytes zero-extended to the lanes of an integer vector
  * Storage types, widened to float exactly (float compute only):
  *   fa_f16_to_f32 / fa_f32_to_f16 (scalar, round to nearest even), fa_load_f16 (W
- *   lanes), fa_load_part_f16, fa_store_f16; the same for bf16; fa_load_i8,
- *   fa_load_part_i8.
+ *   lanes), fa_load4_f16 (4 W lanes: v[0..3], one wide load where that is cheaper
+ *   than four narrow ones), fa_load_part_f16, fa_store_f16; the same for bf16;
+ *   fa_load_i8, fa_load4_i8, fa_load_part_i8.
  * Byte masks: fa_transpose_u8x16(r), 16 rows of 16 bytes transposed in place.
  * Not a standalone header. */
 #ifndef FASTATTN_ISA_PORTABLE_H
@@ -150,6 +151,17 @@ static inline __attribute__((always_inline)) void fa_port_transpose_u8x16(fa_u8x
 #undef FA_PSFX
 
 /* ---- storage types (float compute) ---- */
+
+/* four consecutive vectors of W lanes by four single loads: v[i] = LOAD(p + i *
+ * W), for targets whose wide loads gain nothing (#define fa_load4_f16(p, v)
+ * FA_LOAD4_BY_ONE(fa_load_f16, p, v, FA_WF)) */
+#define FA_LOAD4_BY_ONE(LOAD, p, v, W)                                           \
+    do {                                                                        \
+        (v)[0] = LOAD(p);                                                       \
+        (v)[1] = LOAD((p) + (W));                                               \
+        (v)[2] = LOAD((p) + 2 * (W));                                           \
+        (v)[3] = LOAD((p) + 3 * (W));                                           \
+    } while (0)
 
 /* IEEE binary16 -> binary32, every value exact (subnormals normalised) */
 static inline float fa_port_f16_to_f32(uint16_t h)

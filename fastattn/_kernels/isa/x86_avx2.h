@@ -110,4 +110,8 @@ static inline fa_v_f fa_load_i8(const int8_t *p)
 
 #define fa_load_part_i8 fa_port_load_part_i8
 
+#define fa_load4_f16(p, v) FA_LOAD4_BY_ONE(fa_load_f16, p, v, FA_WF)
+#define fa_load4_bf16(p, v) FA_LOAD4_BY_ONE(fa_load_bf16, p, v, FA_WF)
+#define fa_load4_i8(p, v) FA_LOAD4_BY_ONE(fa_load_i8, p, v, FA_WF)
+
 #endif /* FASTATTN_ISA_TARGET_H */

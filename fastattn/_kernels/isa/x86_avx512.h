@@ -129,4 +129,8 @@ static inline fa_v_f fa_load_part_i8(const int8_t *p, int64_t n, float fill)
     return (fa_v_f)_mm512_mask_blend_ps(k, _mm512_set1_ps(fill), x);
 }
 
+#define fa_load4_f16(p, v) FA_LOAD4_BY_ONE(fa_load_f16, p, v, FA_WF)
+#define fa_load4_bf16(p, v) FA_LOAD4_BY_ONE(fa_load_bf16, p, v, FA_WF)
+#define fa_load4_i8(p, v) FA_LOAD4_BY_ONE(fa_load_i8, p, v, FA_WF)
+
 #endif /* FASTATTN_ISA_TARGET_H */
