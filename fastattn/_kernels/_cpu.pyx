@@ -29,6 +29,7 @@ cdef extern from *:
         if (!strcmp(name, "avx512cd")) return __builtin_cpu_supports("avx512cd");
         if (!strcmp(name, "avx512dq")) return __builtin_cpu_supports("avx512dq");
         if (!strcmp(name, "avx512vl")) return __builtin_cpu_supports("avx512vl");
+        if (!strcmp(name, "avx512bf16")) return __builtin_cpu_supports("avx512bf16");
         return 0;
     }
     #define FA_X86 1
@@ -44,7 +45,7 @@ cdef extern from *:
     int FA_X86
 
 X86_FEATURES = ("sse2", "avx", "avx2", "fma", "f16c", "bmi2",
-                "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+                "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512bf16")
 
 
 def cpu_features():
@@ -60,8 +61,10 @@ def supported_variants():
     out = ["baseline"]
     if feats.get("avx2") and feats.get("fma") and feats.get("f16c") and feats.get("bmi2"):
         out.append("avx2")
-        if all(feats.get(f) for f in ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")):
+        if all(feats.get(f) for f in ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512bf16")):
             out.append("avx512")
+            if feats.get("avx512bf16"):
+                out.append("avx512_bf16")
     return out
 
 

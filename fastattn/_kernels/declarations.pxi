@@ -82,6 +82,12 @@ cdef extern from "simd.h" nogil:
     void fa_qvec_qk_chunk_d(const double *k, int64_t ksr, int64_t ksc, const double *qt, int64_t ldq,
                         int64_t D, double *st, int64_t lds, int64_t j0, int64_t j1, double *mx, int nv,
                         int pf)
+    int FA_BF16_DOT
+    void fa_qvec_qk_chunk_bd(const uint16_t *k, int64_t ksr, const float *q2, int64_t ldq, int64_t D,
+                             float scale, float *st, int64_t lds, int64_t j0, int64_t j1, float *mx,
+                             int nv, int pf)
+    void fa_pack_pairs_bd(const uint16_t *q, const int64_t *qoff, int64_t nr, int64_t D, float *q2,
+                          int64_t ld)
     void fa_qvec_pv_chunk_f(const float *v, int64_t vsr, int64_t vsc, int64_t Dv, const float *pt,
                         int64_t lds, int64_t j0, int64_t j1, float *ot, int64_t ldo, int nv)
     void fa_qvec_pv_chunk_d(const double *v, int64_t vsr, int64_t vsc, int64_t Dv, const double *pt,

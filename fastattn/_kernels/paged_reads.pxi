@@ -110,6 +110,11 @@ cdef inline void tile_qk_chunk(const Plan *P, const TileSource *T, const floatin
     """qvec_qk_chunk over keys [j0, j1) of tile T: one call, or one per run of
     paged slots (a score depends on its key alone: the same bits)."""
     cdef int64_t j, x
+    if floating is float:
+        if T.kstore == STORE_BF16:      # bfloat16 pair dot products (qvec_bf16_dot)
+            fa_qvec_qk_chunk_bd(<const uint16_t *>T.k, T.ksr, qt, ldq, P.Dk, <float>P.scale, st, lds, j0, j1,
+                                mx, nv, pf)
+            return
     if not T.kpaged:
         qvec_qk_chunk(<const floating *>T.k, T.ksr, T.ksc, qt, ldq, P.Dk, st, lds, j0, j1, mx, nv, pf)
         return

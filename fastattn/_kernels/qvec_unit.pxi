@@ -106,6 +106,13 @@ cdef struct KeyRuns:
     int w[QVEC_RUNS_MAX]
 
 
+cdef inline bint qvec_bf16_dot(const Plan *P, floating dummy) noexcept nogil:
+    """Q.K^T by bfloat16 pair dot products (bf16_dot.h): float compute on a target
+    with them, bfloat16 q and k, contiguous rows of an even length, k not paged."""
+    return (floating is float and FA_BF16_DOT != 0 and P.q.store == STORE_BF16 and P.k.store == STORE_BF16
+            and P.pages == NULL and P.q.sc == 1 and P.k.sc == 1 and P.Dk % 2 == 0 and P.kscale == SCALE_NONE)
+
+
 cdef void qvec_unit_begin(const Plan *P, Workspace *ws, QvecUnit *U, floating *stats) noexcept nogil:
     """Cut the rows into chunks, find each row's visible keys, pack the queries
     transposed, zero the accumulators, and gather each chunk's and vector's key
@@ -149,7 +156,10 @@ cdef void qvec_unit_begin(const Plan *P, Workspace *ws, QvecUnit *U, floating *s
             fa_prefetch_bytes(qbase + ws.qoff[i] * P.q.item, Dk * P.q.item)
     # transposed pack: W x W register transposes for contiguous query rows;
     # otherwise d outer (contiguous stores, the nr source rows stay in L1)
-    if P.q.sc == 1:
+    if qvec_bf16_dot(P, <floating>0):
+        # the bfloat16 pairs, unscaled (the scale multiplies the scores)
+        fa_pack_pairs_bd(<const uint16_t *>qbase, ws.qoff, nr, Dk, <float *>qt, ld)
+    elif P.q.sc == 1:
         stored_pack_transposed(P.q.store, qbase, ws.qoff, nr, Dk, scale, qt, ld, 0)
     else:
         for d in range(Dk):
@@ -346,6 +356,7 @@ cdef void qvec_tile_source(const Plan *P, Workspace *ws, const QvecUnit *U, Tile
     T.t0 = t0
     T.kpaged = kind == TILE_RUNS and P.k.store == native
     T.vpaged = kind == TILE_RUNS and P.v.store == native
+    T.kstore = native
     if T.kpaged:
         T.k = stored_at(&P.k, kbo)
         T.ksr = P.k.sr
@@ -354,13 +365,25 @@ cdef void qvec_tile_source(const Plan *P, Workspace *ws, const QvecUnit *U, Tile
         T.k = stored_at(&P.k, kbo + row_at(P, &P.k, t0))
         T.ksr = P.k.sr
         T.ksc = P.k.sc
+    elif qvec_bf16_dot(P, <floating>0):
+        # bfloat16 keys in place, for the pair dot products (tile_qk_chunk)
+        T.k = stored_at(&P.k, kbo + row_at(P, &P.k, t0))
+        T.ksr = P.k.sr
+        T.ksc = 1
+        T.kstore = STORE_BF16
     else:
         widen_tile(P, &P.k, P.kscale, &P.ks, batch_offset(P, &P.ks, U.b) if P.kscale else 0,
                    <floating *>ws.kw, ldk, stored_at(&P.k, kbo), t0, t1 - t0, P.Dk)
         T.k = <const char *>ws.kw
         T.ksr = ldk
         T.ksc = 1
-    T.kstore = native
+    qvec_tile_values(P, ws, U, T, t0, t1, vbo, ldv, kind, <floating>0)
+
+
+cdef inline void qvec_tile_values(const Plan *P, Workspace *ws, const QvecUnit *U, TileSource *T, int64_t t0,
+                                  int64_t t1, int64_t vbo, int64_t ldv, int kind, floating dummy) noexcept nogil:
+    """The value half of qvec_tile_source."""
+    cdef int native = native_store(<floating>0)
     if not U.need_pv:
         return
     if T.vpaged:

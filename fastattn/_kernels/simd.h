@@ -276,6 +276,8 @@ static inline void fa_arena_give(void *p, size_t n)
 #undef FA_MANT_BITS
 #undef FA_EXP_BIAS
 
+#include "bf16_dot.h"
+
 /* ---- double ---- */
 #define FA_T double
 #define FA_SFX(name) name##_d

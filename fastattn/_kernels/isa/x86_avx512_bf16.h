@@ -1,0 +1,20 @@
+/* ISA target: x86-64-v4 + AVX512_BF16 (Cooper Lake, Sapphire Rapids and later,
+ * AMD Zen 4 / 5).  Everything of isa/x86_avx512.h, plus the bfloat16 pair dot
+ * product VDPBF16PS that bf16_dot.h builds the query-vectorised Q.K^T of
+ * bfloat16 queries and keys on.  Included once by simd.h. */
+#include "x86_avx512.h"
+
+#if !defined(__AVX512BF16__)
+#  error "isa/x86_avx512_bf16.h needs -mavx512bf16"
+#endif
+#undef FA_TARGET
+#define FA_TARGET "x86_avx512_bf16"
+
+/* acc[i] += a.bf16[2i] * b.bf16[2i] + a.bf16[2i+1] * b.bf16[2i+1]: products exact
+ * (8-bit significands), sums in float32 rounded to nearest; the instruction
+ * treats subnormal inputs as zero and flushes subnormal results (docs/kernels.rst) */
+#define FA_HAVE_BF16_DOT 1
+static inline fa_v_f fa_bf16_dot2_f(fa_v_f acc, fa_vi_f a, fa_vi_f b)
+{
+    return (fa_v_f)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
+}
