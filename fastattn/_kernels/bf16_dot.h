@@ -16,6 +16,16 @@
 #if defined(FA_HAVE_BF16_DOT)
 #define FA_BF16_DOT 1
 
+#ifndef FA_HAVE_BF16_PAIR_BCAST
+/* the 32-bit word at p (a bfloat16 pair) in every lane */
+static inline fa_vi_f fa_bf16_pair_bcast(const uint16_t *p)
+{
+    int32_t x;
+    memcpy(&x, p, sizeof x);
+    return x + (fa_vi_f){0};
+}
+#endif
+
 /* the tails and widths of qvec_kernels.h (FA_QVEC_TAILS, FA_QVEC_BY_WIDTH) */
 #define FA_BD_TAILS(MR, rem, CALL) do {                      \
         if ((MR) > 8 && ((rem) & 8)) { CALL(8); }           \
@@ -58,9 +68,7 @@ fa_qvec_qk_micro_bd(const uint16_t *k, int64_t ksr, const float *restrict q2, in
                 if (v < nv) b[v] = (fa_vi_f)fa_load_f(q2 + p * ldq + v * FA_WF);
             FA_UNROLL for (int r = 0; r < FA_QVEC_MRMAX; r++) {
                 if (r < mr) {
-                    int32_t kp;
-                    memcpy(&kp, k + r * ksr + 2 * p, sizeof kp);
-                    const fa_vi_f a = kp + (fa_vi_f){0};
+                    const fa_vi_f a = fa_bf16_pair_bcast(k + r * ksr + 2 * p);
                     FA_UNROLL for (int v = 0; v < FA_QVEC_NV; v++)
                         if (v < nv) acc[r][v] = fa_bf16_dot2_f(acc[r][v], b[v], a);
                 }

@@ -20,6 +20,15 @@ void mca_qvec_pv(const float *v, int64_t vsr, int64_t Dv, const float *pt, int64
     fa_qvec_pv_chunk_f(v, vsr, 1, Dv, pt, lds, 0, n, ot, ldo, FA_QVEC_NV);
 }
 
+#if FA_BF16_DOT
+/* the same chunk of bfloat16 queries and keys by pair dot products (bf16_dot.h) */
+void mca_qvec_qk_bd(const uint16_t *k, int64_t ksr, const float *q2, int64_t ldq, int64_t D, float *st,
+                    int64_t lds, int64_t n, float *mx)
+{
+    fa_qvec_qk_chunk_bd(k, ksr, q2, ldq, D, 0.125f, st, lds, 0, n, mx, FA_QVEC_NV, 0);
+}
+#endif
+
 /* the row-major path's packed tiles: QK panels and the P.V micro-kernel */
 void mca_tile_qk(const float *qp, int64_t ldq, const float *kt, int64_t D, float *s, int64_t lds, int64_t e)
 {

@@ -31,7 +31,7 @@ KDIR = os.path.join(ROOT, "fastattn", "_kernels")
 
 VARIANTS = {   # name: (-march, target header): as setup.py builds them
     "neon": ("armv8-a", "isa/neon.h"),
-    "neon_bf16": ("armv8.2-a+bf16", "isa/neon.h"),
+    "neon_bf16": ("armv8.2-a+fp16+dotprod+bf16+i8mm", "isa/neon_bf16.h"),
     "generic": ("armv8-a", "isa/generic.h"),
 }
 FLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-Wno-unused-function",
