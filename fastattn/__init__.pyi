@@ -33,6 +33,7 @@ def attention(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_weights: Literal[False] = ...,
     return_lse: Literal[False] = ...,
     out: NDArray[Any] | None = ...,
@@ -57,6 +58,7 @@ def attention(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_weights: Literal[True],
     return_lse: Literal[False] = ...,
     out: NDArray[Any] | None = ...,
@@ -81,6 +83,7 @@ def attention(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_weights: Literal[False] = ...,
     return_lse: Literal[True],
     out: NDArray[Any] | None = ...,
@@ -105,6 +108,7 @@ def attention(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_weights: Literal[True],
     return_lse: Literal[True],
     out: NDArray[Any] | None = ...,
@@ -129,6 +133,7 @@ def attention(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_weights: bool = ...,
     return_lse: bool = ...,
     out: NDArray[Any] | None = ...,
@@ -149,6 +154,7 @@ def attention_varlen(
     window: _Window = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_lse: Literal[False] = ...,
     out: NDArray[Any] | None = ...,
     num_threads: int | None = ...,
@@ -166,6 +172,7 @@ def attention_varlen(
     window: _Window = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_lse: Literal[True],
     out: NDArray[Any] | None = ...,
     num_threads: int | None = ...,
@@ -183,6 +190,7 @@ def attention_varlen(
     window: _Window = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_lse: bool = ...,
     out: NDArray[Any] | None = ...,
     num_threads: int | None = ...,
@@ -203,6 +211,7 @@ def attention_paged(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_lse: Literal[False] = ...,
     out: NDArray[Any] | None = ...,
     num_threads: int | None = ...,
@@ -223,6 +232,7 @@ def attention_paged(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_lse: Literal[True],
     out: NDArray[Any] | None = ...,
     num_threads: int | None = ...,
@@ -243,6 +253,7 @@ def attention_paged(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_lse: bool = ...,
     out: NDArray[Any] | None = ...,
     num_threads: int | None = ...,
@@ -293,7 +304,9 @@ def attention_backward(
     align: Literal["top_left", "bottom_right"] = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_dbias: Literal[False] = ...,
+    return_dsinks: Literal[False] = ...,
     num_threads: int | None = ...,
 ) -> tuple[NDArray[_Float], NDArray[_Float], NDArray[_Float]]: ...
 @overload
@@ -315,7 +328,9 @@ def attention_backward(
     align: Literal["top_left", "bottom_right"] = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_dbias: Literal[True],
+    return_dsinks: Literal[False] = ...,
     num_threads: int | None = ...,
 ) -> tuple[NDArray[_Float], NDArray[_Float], NDArray[_Float], NDArray[_Float]]: ...
 @overload
@@ -337,7 +352,9 @@ def attention_backward(
     align: Literal["top_left", "bottom_right"] = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_dbias: bool = ...,
+    return_dsinks: bool = ...,
     num_threads: int | None = ...,
 ) -> tuple[NDArray[_Float], ...]: ...
 
@@ -356,7 +373,7 @@ def log_softmax(
     num_threads: int | None = ...,
 ) -> NDArray[_Float]: ...
 def merge_attention(
-    outs: Sequence[ArrayLike], lses: Sequence[ArrayLike]
+    outs: Sequence[ArrayLike], lses: Sequence[ArrayLike], sinks: ArrayLike | None = ...
 ) -> tuple[NDArray[_Float], NDArray[_Float]]: ...
 def set_num_threads(n: int | None) -> None: ...
 def get_num_threads() -> int: ...

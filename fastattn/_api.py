@@ -42,7 +42,8 @@ def _foreign_attention(q, k, v, options):
         return _lazy.call("attention", (q, k, v), options)
     if any_torch_tensor(q, k, v, *options.values()):
         return torch_attention(q, k, v, **options)
-    _refuse_masked((("q", q), ("k", k), ("v", v), ("bias", options["bias"]), ("mask", options["mask"])))
+    _refuse_masked((("q", q), ("k", k), ("v", v), ("bias", options["bias"]), ("mask", options["mask"]),
+                    ("sinks", options.get("sinks"))))
     return NotImplemented
 
 
@@ -96,7 +97,24 @@ def _compute_dtype(*arrays):
 
 # ---------------------------------------------------------------- merging partial results
 
-def merge_attention(outs, lses):
+def _merge_sinks(sinks, lse_shape, cdt):
+    """sinks broadcast to the merged lse's shape (one per row: the batch dims,
+    then the rows), in the compute dtype; ValueError / TypeError naming sinks."""
+    s = _as_array(sinks, "sinks")
+    if s.dtype.kind == "b":
+        raise TypeError(f"sinks must be a real (float) array, got dtype {s.dtype}")
+    batch = lse_shape[:-1]
+    try:
+        ok = np.broadcast_shapes(s.shape, batch) == batch
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"sinks with shape {s.shape} does not broadcast to the batch dimensions {batch} "
+                         f"(lses' shape without the rows axis)")
+    return np.broadcast_to(s.astype(cdt, copy=False)[..., None] if lse_shape else s.astype(cdt), lse_shape)
+
+
+def merge_attention(outs, lses, sinks=None):
     outs = [_as_array(o, "outs") for o in outs]
     lses = [_as_array(s, "lses") for s in lses]
     if len(outs) != len(lses) or not outs:
@@ -108,13 +126,17 @@ def merge_attention(outs, lses):
         if o.shape != outs[0].shape:
             raise ValueError(f"all outputs must have the same shape: {outs[0].shape} vs {o.shape}")
     cdt = _compute_dtype(*outs, *lses)
+    # sinks: one more part per row, of lse = sink and output 0 (applied once, here)
+    S = _merge_sinks(sinks, lses[0].shape, cdt) if sinks is not None else None
     L = np.stack([s.astype(cdt, copy=False) for s in lses])
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        M = L.max(axis=0)
-        nan_rows = np.isnan(L).any(axis=0)
+        M = L.max(axis=0) if S is None else np.maximum(L.max(axis=0), S)
+        nan_rows = np.isnan(L).any(axis=0) if S is None else np.isnan(L).any(axis=0) | np.isnan(S)
         M_safe = np.where(np.isfinite(M), M, 0).astype(cdt)
         w = np.where(L == -np.inf, 0, np.exp(L - M_safe))
         total = w.sum(axis=0)
+        if S is not None:
+            total = total + np.where(S == -np.inf, 0, np.exp(S - M_safe))
         seen = total > 0
         lse = np.where(seen, M_safe + np.log(np.where(seen, total, 1)), -np.inf).astype(cdt)
         # part by part into out and one scratch array: no temporary per part

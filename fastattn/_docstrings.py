@@ -80,6 +80,15 @@ k_scale : array_like, optional
     folded in.
 v_scale : array_like, optional
     The same for an integer ``v`` (per key, or per channel ``(..., 1, Dv)``).
+sinks : array_like, broadcastable to the batch dims, optional
+    Attention sinks (gpt-oss, StreamingLLM): one extra logit per query row,
+    equal to its sink -- not scaled, soft-capped, biased or masked -- that
+    takes part in the row's softmax and whose column is then dropped:
+    ``p_j = exp(s_j) / (exp(sink) + sum_k exp(s_k))``.  One per query head
+    (shape ``(Hq,)`` or ``(B, Hq)``; per *query* head under grouped heads),
+    float32 or float64.  The weights then sum to less than 1, the lse
+    includes ``exp(sink)``, and a row with no visible key gives output 0 and
+    lse equal to its sink.
 return_weights : bool, optional
     Also return the attention weights (the softmax rows).  Costs about twice
     the time of the output alone, and ``Lq * Lk`` elements of memory.
@@ -127,8 +136,8 @@ ValueError
     ``q``, ``k`` or ``v`` with fewer than 2 dims; ``Dk`` of ``q`` and ``k``
     or ``Lk`` of ``k`` and ``v`` that differ; batch dims that do not
     broadcast (including a query head count that is not a multiple of the
-    key/value head count); ``mask``, ``bias``, ``kv_lengths`` or
-    ``alibi_slopes`` that do not broadcast; a ``k_scale`` / ``v_scale`` that
+    key/value head count); ``mask``, ``bias``, ``kv_lengths``,
+    ``alibi_slopes`` or ``sinks`` that do not broadcast; a ``k_scale`` / ``v_scale`` that
     is not finite or broadcasts neither per key nor per channel;
     ``kv_lengths`` or ``kv_start`` outside
     ``[0, Lk]`` (or a 1-D table whose length is not the leading batch dim);
@@ -152,8 +161,10 @@ the ALiBi term; then every key the row may not see (causal, window, mask,
 ``kv_lengths``) is ``-inf``.  Options intersect.
 
 A row that sees no key (fully masked, an empty window, ``kv_lengths`` 0,
-``Lk = 0``) gives output 0, weights 0 and lse ``-inf``: never NaN, never a
-warning.  Values of keys a row cannot see never reach it, even if they are
+``Lk = 0``) gives output 0, weights 0 and lse ``-inf`` (its sink with
+``sinks``): never NaN, never a warning.  Sinks enter once, where a row's
+online softmax is finished (``lse = log(l e^m + e^sink)``, ``out = acc e^(m -
+lse)``), also after a split of the keys: the tile loops do not change.  Values of keys a row cannot see never reach it, even if they are
 inf or NaN (an uninitialised KV-cache slot behind ``kv_lengths`` is
 harmless).  NaN or inf inside ``q``, ``k`` or ``v`` propagate to the rows that
 see them.
@@ -371,6 +382,11 @@ outs : sequence of array_like, each of shape (..., Lq, Dv)
     Each part's (normalised) attention output; all of one shape.
 lses : sequence of array_like, each of shape (..., Lq)
     Each part's log-sum-exp, in the same order as ``outs``.
+sinks : array_like, broadcastable to ``lses[0].shape[:-1]``, optional
+    Attention sinks applied once, to the merged rows, as one more part of
+    lse ``sink`` and output 0: parts computed without sinks and merged with
+    ``sinks=s`` equal ``attention(..., sinks=s)`` over all the keys (the
+    merged lse includes the sink).
 
 Returns
 -------
@@ -388,7 +404,7 @@ TypeError
 ValueError
     No parts; a different number of ``outs`` and ``lses``; outputs of
     different shapes; an output whose shape is not its lse's shape plus one
-    axis.
+    axis; ``sinks`` that do not broadcast.
 
 See Also
 --------
@@ -439,8 +455,14 @@ scale, causal, mask, bias, window, kv_lengths, kv_start, align, softcap, alibi_s
     The options of the forward call, with their meaning there.  softcap's
     ``tanh`` enters the chain rule; masks, ``kv_lengths`` and ALiBi slopes
     take no gradient.
+sinks : array_like, optional
+    The forward's attention sinks (``lse`` then includes them, and the
+    gradients of q, k, v keep their form).
 return_dbias : bool, optional
     Also return the gradient of ``bias`` (which must then be given).
+return_dsinks : bool, optional
+    Also return the gradient of ``sinks`` (which must then be given):
+    ``dsink = -sum_rows exp(sink - lse) * rowsum(grad_out * out)``.
 num_threads : int, optional
     Threads for this call (default: :func:`fastattn.get_num_threads`).
 
@@ -454,13 +476,17 @@ dq, dk, dv : ndarray
 dbias : ndarray
     Only with ``return_dbias=True``: in bias's shape, summed over the dims
     along which bias was broadcast.
+dsinks : ndarray
+    Only with ``return_dsinks=True`` (last in the tuple: ``(dq, dk, dv,
+    dsinks)`` or ``(dq, dk, dv, dbias, dsinks)``): in the shape of ``sinks`` as
+    passed, summed over the dims along which it was broadcast.
 
 Raises
 ------
 ValueError
     Shapes that attention() rejects, ``grad_out``, ``out`` or ``lse`` of another
-    shape than attention() returns, ``return_dbias`` without a bias, invalid
-    options.
+    shape than attention() returns, ``return_dbias`` without a bias,
+    ``return_dsinks`` without sinks, invalid options.
 TypeError
     Non-numeric inputs, ``grad_out``, ``out`` or ``lse`` of another dtype than
     attention() returns, options of the wrong type.
@@ -535,6 +561,8 @@ softcap : float, optional
 alibi_slopes : array_like, broadcastable to (Hq,), optional
     ALiBi slopes, one per query head; the distances are measured within
     each sequence.
+sinks : array_like, broadcastable to (Hq,), optional
+    Attention sinks, one per query head, as for :func:`attention`.
 return_lse : bool, optional
     Also return each row's log-sum-exp.
 out : ndarray, optional
@@ -658,6 +686,8 @@ k_scale : array_like, optional
     cache) or per channel to ``(Hkv, 1, Dk)`` (the same for every block).
 v_scale : array_like, optional
     The same for an int8 ``v_cache``.
+sinks : array_like, broadcastable to (Hq,), optional
+    Attention sinks, one per query head, as for :func:`attention`.
 return_lse : bool, optional
     Also return each query row's log-sum-exp.
 out : ndarray, optional

@@ -72,6 +72,11 @@ def mask_and_kind(attn_mask):
     """(attn_mask as an ndarray, its kind for sdpa_options)."""
     if attn_mask is None:
         return None, None
+    if isinstance(attn_mask, np.ma.MaskedArray):
+        # np.asarray would drop its mask: refused like every masked-array argument
+        raise TypeError("attn_mask: masked arrays (numpy.ma) are not supported: their mask would be ignored; "
+                        "pass a boolean attn_mask (True = may attend), e.g. ~numpy.ma.getmaskarray(attn_mask) "
+                        "combined with its data as you intend")
     mask = np.asarray(attn_mask)
     kind = mask.dtype.kind
     return mask, (kind if kind in "bf" else str(mask.dtype))
@@ -125,8 +130,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         head counts that neither broadcast nor, with ``enable_gqa``, group; any
         error of :func:`fastattn.attention` (shapes, options).
     TypeError
-        An ``attn_mask`` that is neither boolean nor floating point; a tensor on
-        a device other than the CPU.
+        An ``attn_mask`` that is neither boolean nor floating point, or a
+        ``numpy.ma`` masked array (its mask would be ignored); a tensor on a
+        device other than the CPU.
 
     See Also
     --------

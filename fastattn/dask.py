@@ -285,6 +285,12 @@ def _no_key(bshape, lq, dv, cdt):
     return np.zeros(bshape + (lq, dv), cdt), np.full(bshape + (lq,), -np.inf, cdt)
 
 
+def _with_sinks(merged, sinks):
+    """The merged (out, lse) of a query chunk with its sinks applied, once (a
+    merge of one part with sinks=): every key chunk was computed without them."""
+    return _api.merge_attention([merged[0]], [merged[1]], sinks=sinks)
+
+
 def _final_out(merged, odt):
     return merged[0].astype(odt, copy=False)
 
@@ -340,7 +346,7 @@ def _start_mask(kv_start, bshape, Lk):
 
 def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
               kv_lengths=None, kv_start=None, align="top_left", softcap=None, alibi_slopes=None,
-              k_scale=None, v_scale=None, return_weights=False, return_lse=False, out=None,
+              k_scale=None, v_scale=None, sinks=None, return_weights=False, return_lse=False, out=None,
               num_threads=None, split_every=None):
     """Compute :func:`fastattn.attention` on Dask arrays, as a lazy Dask array.
 
@@ -404,6 +410,10 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         The scale's own dtype does not change the result's, as in memory.
     v_scale : dask.array.Array or array_like, optional
         The same for an integer ``v``.
+    sinks : dask.array.Array or array_like, broadcastable to the batch dims, optional
+        Attention sinks, as :func:`fastattn.attention`: applied once per
+        query chunk, after its key chunks are merged (with
+        :func:`fastattn.merge_attention`'s ``sinks``).
     return_weights : bool, optional
         Also return the attention weights, a lazy (..., Lq, Lk) array chunked
         like the scores (zero blocks for the pairs without a task).  They are
@@ -474,7 +484,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     Lk, Dv = v.shape[-2:]
     options = dict(scale=scale, causal=causal, window=window, softcap=softcap, align=align,
                    return_weights=return_weights, num_threads=num_threads)
-    lengths, slopes = _small(kv_lengths), _small(alibi_slopes)
+    lengths, slopes, sinks = _small(kv_lengths), _small(alibi_slopes), _small(sinks)
     # batch dims first (in-memory order of checks): mask/bias shape errors name the score shape
     _validate(q, k, v, None, None, None, None, dict(options, return_weights=False))
     bshape = batch_shape(q, k, v)
@@ -492,7 +502,8 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         mask = _score_operand(mask, "mask", score_shape)
     if bias is not None:
         bias = _score_operand(bias, "bias", score_shape)
-    odt, cdt = _validate(q, k, v, mask, bias, lengths, slopes, options)
+    odt, cdt = _validate(q, k, v, mask, bias, lengths, slopes,
+                         options if sinks is None else dict(options, sinks=_stand_in(sinks)))
     split_every = _split_every(split_every)
     left, right = _window_sides(window)
     causal_mode = _causal_mode(causal)
@@ -507,7 +518,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     g = head_groups(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     g_align = g if g > 1 and k.shape[-3] > 1 else 1      # one key/value head: broadcast
     batch = _Batch(bshape, g_align)
-    lazy_small = [(x, x.ndim) for x in (lengths, slopes) if isinstance(x, da.Array)]
+    lazy_small = [(x, x.ndim) for x in (lengths, slopes, sinks) if isinstance(x, da.Array)]
     seq_ops = [(x, x.ndim - 2) for x in (q, k, v, mask, bias) if x is not None]
     batch.unify(seq_ops + lazy_small)
     q_chunks = q.chunks[-2]
@@ -523,10 +534,13 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         lengths = batch.rechunk(lengths, lengths.ndim, ())
     if isinstance(slopes, da.Array):
         slopes = batch.rechunk(slopes, slopes.ndim, ())
+    if isinstance(sinks, da.Array):
+        sinks = batch.rechunk(sinks, sinks.ndim, ())
 
-    deps = [x for x in (q, k, v, mask, bias, lengths, slopes) if isinstance(x, da.Array)]
+    deps = [x for x in (q, k, v, mask, bias, lengths, slopes, sinks) if isinstance(x, da.Array)]
     token = tokenize(*[x.name for x in deps], lengths if not isinstance(lengths, da.Array) else None,
-                     slopes if not isinstance(slopes, da.Array) else None, opt, split_every)
+                     slopes if not isinstance(slopes, da.Array) else None,
+                     sinks if not isinstance(sinks, da.Array) else None, opt, split_every)
     core_name = f"{PARTIAL_NAME}-{token}"
     merge_name = f"fastattn-attention-merge-{token}"
     qb, kb = _bounds(q_chunks), _bounds(k_chunks)
@@ -584,6 +598,10 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
                     core[mk] = (_merge_parts, group)
                     nxt.append(mk)
                 level, depth = nxt, depth + 1
+            if sinks is not None:
+                mk = (merge_name,) + bidx + (qi, "sinks")
+                core[mk] = (_with_sinks, level[0], small_arg(sinks, bidx))
+                level = [mk]
             merged[bidx, qi] = level[0]
 
     graph = HighLevelGraph.from_collections(core_name, core, dependencies=deps)

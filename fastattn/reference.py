@@ -24,6 +24,18 @@ import numbers
 
 import numpy as np
 
+if __package__:
+    from ._reference_sinks import apply_sinks, check_sinks, sink_gradient
+else:   # loaded from its path (the tests, before the kernels are built): its sibling likewise
+    import importlib.util as _ilu
+    import os as _os
+
+    _spec = _ilu.spec_from_file_location(
+        "_fastattn_reference_sinks", _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "_reference_sinks.py"))
+    _sinks_mod = _ilu.module_from_spec(_spec)
+    _spec.loader.exec_module(_sinks_mod)
+    apply_sinks, check_sinks, sink_gradient = _sinks_mod.apply_sinks, _sinks_mod.check_sinks, _sinks_mod.sink_gradient
+
 __all__ = ["softmax", "log_softmax", "attention", "merge_attention"]
 
 _CAUSAL_MODES = ("top_left", "bottom_right")
@@ -395,7 +407,7 @@ def _group_heads(q, k, v):
 
 def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
               kv_lengths=None, kv_start=None, align="top_left", softcap=None, alibi_slopes=None,
-              k_scale=None, v_scale=None, return_weights=False, return_lse=False):
+              k_scale=None, v_scale=None, sinks=None, return_weights=False, return_lse=False):
     """Exact scaled dot-product attention in float64: the specification of :func:`fastattn.attention`.
 
     Builds the whole masked score matrix ``(..., Lq, Lk)``: obviously correct,
@@ -444,6 +456,11 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         with ``k_scale`` broadcastable to ``k.shape[:-1] + (1,)`` (per tensor,
         head or key) or to ``k.shape[:-2] + (1, Dk)`` (per channel); likewise
         ``v_scale`` for ``v``.
+    sinks : array_like, broadcastable to the batch dims, optional
+        Attention sinks (one per query head: shape ``(Hq,)``, ``(B, Hq)``, ...):
+        one extra logit per row, equal to its sink -- not scaled, soft-capped,
+        biased or masked -- whose column is dropped, so the weights over the
+        keys sum to less than 1 and the lse includes ``exp(sink)``.
     return_weights : bool, optional
         Also return the weights ``(..., Lq, Lk)``.
     return_lse : bool, optional
@@ -471,7 +488,8 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         ``bias``, ``kv_lengths``, ``kv_start``, ``alibi_slopes`` or the scales
         that do not broadcast; ``kv_lengths`` or ``kv_start`` outside
         ``[0, Lk]``; a negative window side; ``softcap <= 0``; a non-finite
-        ``scale`` or ``softcap``; an unknown ``causal`` or ``align`` string.
+        ``scale`` or ``softcap``; an unknown ``causal`` or ``align`` string;
+        ``sinks`` that do not broadcast to the batch dims.
 
     See Also
     --------
@@ -482,8 +500,10 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     -----
     Scores are built as ``s = scale * q @ kᵀ``, then the softcap, ``+ bias``,
     the ALiBi term, and ``-inf`` for every invisible key.  A row with no
-    visible key gives output 0, weights 0 and lse ``-inf``.  Values of
-    invisible keys never contribute, even when they are inf or NaN.
+    visible key gives output 0, weights 0 and lse ``-inf`` (with ``sinks``:
+    lse equal to its sink).  Values of invisible keys never contribute, even
+    when they are inf or NaN.  With sinks,
+    ``p_j = exp(s_j) / (exp(sink) + sum_k exp(s_k))``.
 
     Examples
     --------
@@ -535,6 +555,8 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     if alibi_slopes is not None:
         slopes = _as_f64(alibi_slopes, "alibi_slopes")
         slopes = _broadcast_arg(slopes, batch, "alibi_slopes", "the batch dims")[..., None, None]
+    if sinks is not None:
+        sinks = check_sinks(sinks, batch)
 
     with np.errstate(all="ignore"):
         s = scale * np.matmul(q, np.swapaxes(k, -1, -2))
@@ -548,6 +570,9 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     s = np.where(visible, s, -np.inf)
 
     w, lse, empty = _softmax_lse_lastaxis(s)
+    if sinks is not None:
+        lse, factor = apply_sinks(lse, sinks)
+        w = w * factor[..., None]
     with np.errstate(all="ignore"):
         # Invisible keys never contribute, even when their values are inf/NaN
         # (e.g. garbage padding beyond kv_lengths): 0 * NaN must not leak in.
@@ -570,7 +595,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
 
 
 # --------------------------------------------------------------------------- merge
-def merge_attention(outs, lses):
+def merge_attention(outs, lses, sinks=None):
     """Combine attention results computed over disjoint key sets, in float64.
 
     The specification of :func:`fastattn.merge_attention`:
@@ -583,6 +608,10 @@ def merge_attention(outs, lses):
         Each part's normalised attention output; all of one shape.
     lses : sequence of array_like, each of shape (..., Lq)
         Each part's log-sum-exp, in the order of ``outs``.
+    sinks : array_like, broadcastable to ``lses[0].shape[:-1]``, optional
+        Attention sinks applied once to the merged rows (the parts computed
+        without them): the merged result is the attention over the union of
+        the keys with these sinks, its lse including the sink.
 
     Returns
     -------
@@ -598,7 +627,7 @@ def merge_attention(outs, lses):
         An input of a complex, object or string dtype.
     ValueError
         No parts; a different number of ``outs`` and ``lses``; shapes that do
-        not match.
+        not match; ``sinks`` that do not broadcast.
 
     See Also
     --------
@@ -631,6 +660,8 @@ def merge_attention(outs, lses):
             raise ValueError(
                 f"lses[{idx}] has shape {l.shape}, expected {shape[:-1]} (outs shape without the last axis)"
             )
+    if sinks is not None:
+        sinks = check_sinks(sinks, shape[:-2])
     L = np.stack(lses)  # (n, ..., Lq)
     O = np.stack(outs)  # (n, ..., Lq, Dv)
     with np.errstate(all="ignore"):
@@ -645,6 +676,9 @@ def merge_attention(outs, lses):
         wts = np.where(L == -np.inf, 0.0, np.exp(L - lse_safe))
         out = np.sum(wts[..., None] * O, axis=0)
     out = np.where(empty[..., None], 0.0, out)
+    if sinks is not None:
+        lse, factor = apply_sinks(lse, sinks)
+        out = out * factor[..., None]
     return out, lse
 
 
@@ -687,7 +721,7 @@ def _check_grad_operand(x, name, shape):
 
 def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False, mask=None,
                        bias=None, window=None, kv_lengths=None, kv_start=None, align="top_left",
-                       softcap=None, alibi_slopes=None, return_dbias=False):
+                       softcap=None, alibi_slopes=None, sinks=None, return_dbias=False, return_dsinks=False):
     """Compute the gradients of :func:`attention` (reference, float64, materialised scores).
 
     ``out, lse = attention(q, k, v, ..., return_lse=True)`` with the same options;
@@ -709,7 +743,9 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
     and inf elsewhere propagate by IEEE arithmetic.  ALiBi slopes, masks and
     kv_lengths take no gradient.  Gradients of broadcast batch dims are summed
     back to each input's shape, grouped query heads (GQA/MQA) are summed into
-    their key/value head.
+    their key/value head.  With ``sinks`` (and ``lse`` from the forward with
+    those sinks, so that it includes them) the formulas above hold as written,
+    and ``d sink = -sum_rows exp(sink - lse) * D``.
 
     Parameters
     ----------
@@ -727,8 +763,12 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
         The forward's log-sum-exp.
     scale, causal, mask, bias, window, kv_lengths, kv_start, align, softcap, alibi_slopes : optional
         The forward call's options, meaning what they mean for :func:`attention`.
+    sinks : array_like, broadcastable to the batch dims, optional
+        The forward's attention sinks.
     return_dbias : bool, optional
         Also return the gradient of ``bias``.
+    return_dsinks : bool, optional
+        Also return the gradient of ``sinks`` (needs ``sinks``).
 
     Returns
     -------
@@ -736,6 +776,9 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
         In the shapes of q, k, v.
     dbias : ndarray of float64
         Only with ``return_dbias=True``: in bias's shape.
+    dsinks : ndarray of float64
+        Only with ``return_dsinks=True``: in the shape of ``sinks`` as passed
+        (summed over the dims it was broadcast along); last in the tuple.
 
     Raises
     ------
@@ -743,7 +786,8 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
         As :func:`attention`, and ``return_dbias`` that is not a bool.
     ValueError
         As :func:`attention`, ``grad_out`` / ``out`` / ``lse`` of the wrong shape,
-        and ``return_dbias`` without a bias.
+        ``return_dbias`` without a bias, ``return_dsinks`` without sinks,
+        ``sinks`` that do not broadcast to the batch dims.
 
     See Also
     --------
@@ -776,12 +820,17 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
                          f"k.shape={k.shape}, v.shape={v.shape}")
     if return_dbias and bias is None:
         raise ValueError("return_dbias=True needs a bias")
+    if return_dsinks and sinks is None:
+        raise ValueError("return_dsinks=True needs sinks")
     q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
     k, v, g, batch = _group_heads(q, k, v)
     full = batch + (Lq, Lk)
     grad_out = _check_grad_operand(grad_out, "grad_out", batch + (Lq, Dv))
     out = _check_grad_operand(out, "out", batch + (Lq, Dv))
     lse = _check_grad_operand(lse, "lse", batch + (Lq,))
+    if sinks is not None:
+        sinks_shape = np.shape(sinks)
+        sinks = check_sinks(sinks, batch)
 
     scale = _check_scale(scale, Dk)
     softcap = _check_softcap(softcap)
@@ -826,6 +875,8 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
     res = (_sum_to_shape(dq, q_shape), _sum_to_shape(dk, k_shape), _sum_to_shape(dv, v_shape))
     if return_dbias:
         res += (_sum_to_shape(dbias, bias_shape),)
+    if return_dsinks:
+        res += (_sum_to_shape(sink_gradient(grad_out, out, lse, sinks), sinks_shape),)
     return res
 
 
@@ -880,7 +931,7 @@ def _check_options(scale, causal, window, softcap, alibi_slopes, dk, hq):
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, causal=False, window=None,
-                     softcap=None, alibi_slopes=None, return_lse=False):
+                     softcap=None, alibi_slopes=None, sinks=None, return_lse=False):
     """Attention over a packed batch of variable-length sequences, in float64.
 
     The specification of :func:`fastattn.attention_varlen`: :func:`attention`
@@ -906,6 +957,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, ca
         aligns each sequence's last query with its last key.
     alibi_slopes : array_like, broadcastable to (Hq,), optional
         ALiBi slopes per query head.
+    sinks : array_like, broadcastable to (Hq,), optional
+        Attention sinks per query head, as for :func:`attention`.
     return_lse : bool, optional
         Also return each row's log-sum-exp.
 
@@ -966,15 +1019,17 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, ca
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must count the same sequences, got "
                          f"{cu_q.size - 1} and {cu_k.size - 1}")
     _check_options(scale, causal, window, softcap, alibi_slopes, q.shape[2], q.shape[0])
+    if sinks is not None:
+        sinks = check_sinks(sinks, q.shape[:1])
     out = np.zeros((q.shape[0], q.shape[1], v.shape[2]))
-    lse = np.full(q.shape[:2], -np.inf)
+    lse = np.full(q.shape[:2], -np.inf) if sinks is None else np.repeat(sinks[:, None], q.shape[1], axis=1)
     for s in range(cu_q.size - 1):
         a, b = cu_q[s], cu_q[s + 1]
         if a == b:
             continue
         out[:, a:b], lse[:, a:b] = attention(
             q[:, a:b], k[:, cu_k[s]:cu_k[s + 1]], v[:, cu_k[s]:cu_k[s + 1]], scale=scale, causal=causal,
-            window=window, softcap=softcap, alibi_slopes=alibi_slopes, return_lse=True)
+            window=window, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, return_lse=True)
     return (out, lse) if return_lse else out
 
 
@@ -995,7 +1050,7 @@ def _paged_scale(scale, name, cache, cname):
 
 
 def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=None, scale=None, causal=False,
-                    window=None, softcap=None, alibi_slopes=None, k_scale=None, v_scale=None,
+                    window=None, softcap=None, alibi_slopes=None, k_scale=None, v_scale=None, sinks=None,
                     return_lse=False):
     """Attention against paged key/value caches (block tables), in float64.
 
@@ -1031,6 +1086,8 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
         Scales of integer (int8) caches: broadcastable to
         ``k_cache.shape[:-1] + (1,)`` (per tensor, head or key) or to
         ``(Hkv, 1, Dk)`` (per channel, the same for every block).
+    sinks : array_like, broadcastable to (Hq,), optional
+        Attention sinks per query head, as for :func:`attention`.
     return_lse : bool, optional
         Also return each query row's log-sum-exp.
 
@@ -1118,6 +1175,8 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     kc = _kv_scaled(kc, k_raw, k_scale, "k_scale", "k_cache")
     vc = _kv_scaled(vc, v_raw, v_scale, "v_scale", "v_cache")
     _check_options(scale, causal, window, softcap, alibi_slopes, q.shape[-1], hq)
+    if sinks is not None:
+        sinks = check_sinks(sinks, (hq,))
     qp = q if packed else np.moveaxis(q, 0, 1).reshape(hq, n_seq * q.shape[2], q.shape[-1])   # (Hq, total_q, Dk)
     out = np.zeros(qp.shape[:2] + (vc.shape[3],))
     lse = np.full(qp.shape[:2], -np.inf)
@@ -1129,7 +1188,8 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
         ks = np.moveaxis(kc[blocks], 0, 1).reshape(hkv, blocks.size * bs, kc.shape[3])[:, :lens[s]]
         vs = np.moveaxis(vc[blocks], 0, 1).reshape(hkv, blocks.size * bs, vc.shape[3])[:, :lens[s]]
         out[:, a:b], lse[:, a:b] = attention(qp[:, a:b], ks, vs, scale=scale, causal=causal, window=window,
-                                             softcap=softcap, alibi_slopes=alibi_slopes, return_lse=True)
+                                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                             return_lse=True)
     if not packed:
         out = np.moveaxis(out.reshape(hq, n_seq, q.shape[2], out.shape[-1]), 1, 0)
         lse = np.moveaxis(lse.reshape(hq, n_seq, q.shape[2]), 1, 0)

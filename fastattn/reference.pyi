@@ -31,6 +31,7 @@ def attention(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_weights: Literal[False] = ...,
     return_lse: Literal[False] = ...,
 ) -> _F64: ...
@@ -52,6 +53,7 @@ def attention(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_weights: Literal[True],
     return_lse: Literal[False] = ...,
 ) -> tuple[_F64, _F64]: ...
@@ -73,6 +75,7 @@ def attention(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_weights: Literal[False] = ...,
     return_lse: Literal[True],
 ) -> tuple[_F64, _F64]: ...
@@ -94,6 +97,7 @@ def attention(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_weights: Literal[True],
     return_lse: Literal[True],
 ) -> tuple[_F64, _F64, _F64]: ...
@@ -115,10 +119,13 @@ def attention(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_weights: bool = ...,
     return_lse: bool = ...,
 ) -> _F64 | tuple[_F64, ...]: ...
-def merge_attention(outs: Sequence[ArrayLike], lses: Sequence[ArrayLike]) -> tuple[_F64, _F64]: ...
+def merge_attention(
+    outs: Sequence[ArrayLike], lses: Sequence[ArrayLike], sinks: ArrayLike | None = ...
+) -> tuple[_F64, _F64]: ...
 @overload
 def attention_backward(
     grad_out: ArrayLike,
@@ -138,7 +145,9 @@ def attention_backward(
     align: Literal["top_left", "bottom_right"] = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_dbias: Literal[False] = ...,
+    return_dsinks: Literal[False] = ...,
 ) -> tuple[_F64, _F64, _F64]: ...
 @overload
 def attention_backward(
@@ -159,7 +168,9 @@ def attention_backward(
     align: Literal["top_left", "bottom_right"] = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_dbias: Literal[True],
+    return_dsinks: Literal[False] = ...,
 ) -> tuple[_F64, _F64, _F64, _F64]: ...
 @overload
 def attention_varlen(
@@ -174,6 +185,7 @@ def attention_varlen(
     window: _Window = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_lse: Literal[False] = ...,
 ) -> _F64: ...
 @overload
@@ -189,6 +201,7 @@ def attention_varlen(
     window: _Window = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_lse: Literal[True],
 ) -> tuple[_F64, _F64]: ...
 @overload
@@ -204,6 +217,7 @@ def attention_varlen(
     window: _Window = ...,
     softcap: float | None = ...,
     alibi_slopes: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_lse: bool = ...,
 ) -> _F64 | tuple[_F64, _F64]: ...
 @overload
@@ -222,6 +236,7 @@ def attention_paged(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_lse: Literal[False] = ...,
 ) -> _F64: ...
 @overload
@@ -240,6 +255,7 @@ def attention_paged(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_lse: Literal[True],
 ) -> tuple[_F64, _F64]: ...
 @overload
@@ -258,5 +274,6 @@ def attention_paged(
     alibi_slopes: ArrayLike | None = ...,
     k_scale: ArrayLike | None = ...,
     v_scale: ArrayLike | None = ...,
+    sinks: ArrayLike | None = ...,
     return_lse: bool = ...,
 ) -> _F64 | tuple[_F64, _F64]: ...

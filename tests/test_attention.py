@@ -343,7 +343,7 @@ def test_attention_is_one_documented_function(rng):
     assert pickle.loads(pickle.dumps(f)) is f
     params = inspect.signature(f).parameters
     assert list(params)[:3] == ["q", "k", "v"]
-    assert all(p.kind is p.KEYWORD_ONLY for p in list(params.values())[3:]) and len(params) == 19
+    assert all(p.kind is p.KEYWORD_ONLY for p in list(params.values())[3:]) and len(params) == 20
     assert params["causal"].default is False and params["scale"].default is None
     q = rng.standard_normal((2, 5, 8)).astype(np.float32)
     with pytest.raises(TypeError):

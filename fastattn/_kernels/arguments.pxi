@@ -413,6 +413,17 @@ cdef cnp.ndarray batch_table(x, str name, const cnp.npy_intp *bq, int nbq, int t
     return t
 
 
+cdef cnp.ndarray sinks_table(sinks, const cnp.npy_intp *bq, int nbq):
+    """Attention sinks as the float64 (nbatch * g) table the row finishes read
+    (sinks.pxi): a real array broadcastable to the query batch dims (one sink
+    per query head under grouped heads).  TypeError for a boolean, complex or
+    other dtype, ValueError (naming sinks) when it does not broadcast."""
+    cdef cnp.ndarray a = as_input(sinks, "sinks")
+    if a.dtype.kind == "b":
+        raise TypeError(f"sinks must be a real (float) array, got dtype {a.dtype}")
+    return batch_table(a, "sinks", bq, nbq, cnp.NPY_DOUBLE)
+
+
 cdef cnp.ndarray kv_lengths_table(kv_lengths, const cnp.npy_intp *bq, int nbq, int64_t Lk,
                                   str name="kv_lengths"):
     """kv_lengths (or kv_start) as the int64 table of the batch elements, every

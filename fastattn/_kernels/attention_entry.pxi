@@ -41,20 +41,21 @@ cdef object finish_outputs(out, cnp.ndarray res, cnp.ndarray wts, cnp.ndarray ls
 
 def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window=None,
               kv_lengths=None, kv_start=None, align="top_left", softcap=None, alibi_slopes=None,
-              k_scale=None, v_scale=None, return_weights=False, return_lse=False, out=None,
+              k_scale=None, v_scale=None, sinks=None, return_weights=False, return_lse=False, out=None,
               num_threads=None):
     cdef cnp.ndarray qa, ka, va, res
     cdef cnp.ndarray ma = None, ba = None, kvt = None, kst = None, slt = None, wts = None, lse = None
+    cdef cnp.ndarray snk = None
     cdef Plan P
     cdef int ctype, otype, nbq, kkind = SCALE_NONE, vkind = SCALE_NONE
     cdef cnp.npy_intp dims[MAXDIM + 2]
     if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(mask)
             and plain(bias) and plain(out) and plain(kv_lengths) and plain(kv_start) and plain(alibi_slopes)
-            and plain(k_scale) and plain(v_scale)):
+            and plain(k_scale) and plain(v_scale) and plain(sinks)):
         result = _foreign_attention(q, k, v, dict(
             scale=scale, causal=causal, mask=mask, bias=bias, window=window, kv_lengths=kv_lengths,
             kv_start=kv_start, align=align, softcap=softcap, alibi_slopes=alibi_slopes, k_scale=k_scale,
-            v_scale=v_scale, return_weights=return_weights, return_lse=return_lse, out=out,
+            v_scale=v_scale, sinks=sinks, return_weights=return_weights, return_lse=return_lse, out=out,
             num_threads=num_threads))
         if result is not NotImplemented:
             return result
@@ -89,6 +90,8 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         kst = kv_lengths_table(kv_start, dims, nbq, P.Lk, "kv_start")
     if alibi_slopes is not None:
         slt = batch_table(as_input(alibi_slopes, "alibi_slopes"), "alibi_slopes", dims, nbq, ctype)
+    if sinks is not None:
+        snk = sinks_table(sinks, dims, nbq)
 
     dims[nbq] = P.Lq
     dims[nbq + 1] = P.Dv
@@ -115,6 +118,8 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         va = stored_operand(va, ctype, True)
     plan_init(&P, qa, ka, va, res)
     plan_options(&P, ma, ba, kvt, slt, wts, lse)
+    if snk is not None:
+        P.sinks = <const double *>cnp.PyArray_DATA(snk)
     if kst is not None:
         P.has_kvstart = 1
         P.kvstart = <int64_t *>cnp.PyArray_DATA(kst)

@@ -44,18 +44,31 @@ cdef object finish_gradient(cnp.ndarray grad, cnp.ndarray like, int otype):
     return grad if grad.dtype == dt else grad.astype(dt)
 
 
+cdef object sinks_gradient(dout, outc, lsec, cnp.ndarray snk, tuple batch):
+    """d sink per (batch element, query head): -sum over rows of exp(sink - lse) *
+    rowsum(grad_out * out), in float64 (lse includes the sink: the probability the
+    sink took; a row whose lse is -inf contributes 0).  The kernels' dq, dk, dv
+    need nothing else: the probabilities recomputed from that lse carry the sink."""
+    s = snk.reshape(batch)[..., None]
+    with np.errstate(all="ignore"):
+        d = np.einsum("...d,...d->...", dout, outc, dtype=np.float64)
+        p_sink = np.where(lsec == -np.inf, 0.0, np.exp(s - lsec))
+        return -(p_sink * d).sum(axis=-1)
+
+
 def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False, mask=None, bias=None,
                        window=None, kv_lengths=None, kv_start=None, align="top_left", softcap=None,
-                       alibi_slopes=None, return_dbias=False, num_threads=None):
+                       alibi_slopes=None, sinks=None, return_dbias=False, return_dsinks=False, num_threads=None):
     cdef BwdPlan B
     cdef cnp.ndarray qa, ka, va, q0, k0, v0, dq, dk, dv
     cdef cnp.ndarray ma = None, ba = None, kvt = None, kst = None, slt = None, dbias = None, bias_in = None
+    cdef cnp.ndarray snk = None
     cdef int ctype, otype, nbq, d
     cdef cnp.npy_intp dims[MAXDIM + 2]
     cdef cnp.npy_intp kvdims[MAXDIM + 2]
     if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(mask)
-            and plain(bias)):
-        _foreign_attention(q, k, v, dict(mask=mask, bias=bias))      # masked arrays: refused
+            and plain(bias) and plain(sinks)):
+        _foreign_attention(q, k, v, dict(mask=mask, bias=bias, sinks=sinks))      # masked arrays: refused
     qa = as_input(q, "q")
     ka = as_input(k, "k")
     va = as_input(v, "v")
@@ -75,6 +88,10 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
         raise TypeError(f"return_dbias must be True or False, got {return_dbias!r}")
     if return_dbias and bias is None:
         raise ValueError("return_dbias=True needs a bias")
+    if not isinstance(return_dsinks, (bool, np.bool_)):
+        raise TypeError(f"return_dsinks must be True or False, got {return_dsinks!r}")
+    if return_dsinks and sinks is None:
+        raise ValueError("return_dsinks=True needs sinks")
     if mask is not None:
         ma = score_operand(mask, "mask", dims, nbq, B.P.Lq, B.P.Lk, cnp.NPY_BOOL)
     if bias is not None:
@@ -86,6 +103,9 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
         kst = kv_lengths_table(kv_start, dims, nbq, B.P.Lk, "kv_start")
     if alibi_slopes is not None:
         slt = batch_table(as_input(alibi_slopes, "alibi_slopes"), "alibi_slopes", dims, nbq, ctype)
+    if sinks is not None:
+        snk = sinks_table(sinks, dims, nbq)
+    batch = tuple(dims[d] for d in range(nbq))
 
     dims[nbq] = B.P.Lq
     dims[nbq + 1] = B.P.Dv
@@ -115,4 +135,7 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
     res = (finish_gradient(dq, q0, otype), finish_gradient(dk, k0, otype), finish_gradient(dv, v0, otype))
     if return_dbias:
         res += (finish_gradient(dbias, bias_in, otype),)
+    if return_dsinks:
+        res += (finish_gradient(sinks_gradient(dout, outc, lsec, snk, batch).astype(dtype_of(ctype)),
+                                as_input(sinks, "sinks"), otype),)
     return res

@@ -100,6 +100,7 @@ cdef struct Plan:
     char *slopes               # (nbatch * g) ALiBi slopes, compute dtype
     const int64_t *pages       # paged k, v (attention_paged): the blocks holding keys 0, page, 2 page, ...
     int64_t page               # keys per block (NULL pages: the key rows of k, v are sr apart)
+    const double *sinks        # (nbatch * g) attention sinks, float64 (sinks.pxi); NULL: none
 
 
 cdef inline int64_t batch_offset(const Plan *P, const Operand *op, int64_t b) noexcept nogil:
@@ -251,6 +252,7 @@ cdef int plan_init(Plan *P, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.nda
     P.slopes = NULL
     P.pages = NULL
     P.page = 1
+    P.sinks = NULL
     fill_operand(&P.q, q, 2, P, hq)
     fill_operand(&P.k, k, 2, P, hq)
     fill_operand(&P.v, v, 2, P, hq)

@@ -450,10 +450,30 @@ cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_
             qvec_chunk_pv(P, ws, U, &T, &R, ch, t0, j0, j1, <floating>0)
 
 
+cdef void qvec_sinks_finish(const Plan *P, const Workspace *ws, const QvecUnit *U, floating *ot, floating *m,
+                            floating *l) noexcept nogil:
+    """MODE_ONLINE with sinks: each row's Ot scaled by exp(m - lse) (lse with the
+    sink), then m = lse and l = 1, which the common finish turns into out = Ot and
+    lse = m; a row that saw no key keeps l = 0 (out 0) and gets m = sink.  (Ot is
+    transposed: element c of row i at c * ld + i.)"""
+    cdef int64_t ld = ws.ld, i, c
+    cdef double lse_s
+    cdef floating f
+    for i in range(U.nr):
+        lse_s = sink_lse(m[i], l[i], sink_of(P, U.b, ws.goff[i]))
+        if l[i] > 0 or l[i] != l[i]:
+            f = <floating>exp(m[i] - lse_s)
+            for c in range(P.Dv):
+                ot[c * ld + i] *= f
+            l[i] = 1 if l[i] == l[i] else l[i]
+        m[i] = <floating>lse_s
+
+
 cdef void qvec_unit_finish(const Plan *P, Workspace *ws, const QvecUnit *U, floating *stats,
                            floating *part_o, floating *part_m, double *part_l) noexcept nogil:
     """The rows' results: lse only (MODE_STATS), this split's reference max, sum
-    and unnormalised output (MODE_PARTIAL), or the output rows Ot / l (and lse)."""
+    and unnormalised output (MODE_PARTIAL), or the output rows Ot / l (and lse).
+    Sinks enter here (MODE_STATS and the output rows), not in a key split."""
     cdef int64_t ld = ws.ld
     cdef int64_t nr = U.nr, Dv = P.Dv, i, c, grp, pos
     cdef floating *ot = <floating *>ws.ot
@@ -465,13 +485,20 @@ cdef void qvec_unit_finish(const Plan *P, Workspace *ws, const QvecUnit *U, floa
     cdef floating inv, lse_i
     if U.mode == MODE_STATS:
         for i in range(nr):
-            stats[i] = <floating>(m[i] + log(l[i])) if l[i] > 0 or l[i] != l[i] else -INFINITY
+            if P.sinks != NULL:
+                stats[i] = <floating>sink_lse(m[i], l[i], sink_of(P, U.b, ws.goff[i]))
+            else:
+                stats[i] = <floating>(m[i] + log(l[i])) if l[i] > 0 or l[i] != l[i] else -INFINITY
         return
     if U.mode == MODE_WEIGHTS:
         # out = weights . V as accumulated (no division); lse = stats (m): l = 1,
         # or 0 for a row that saw nothing (out 0, lse -inf)
         for i in range(nr):
             l[i] = 0 if m[i] == -INFINITY else 1
+    elif U.mode == MODE_ONLINE and P.sinks != NULL:
+        # the sink as part of the sum: m becomes the row's lse and l = 1, so that
+        # the factor 1 / l below is exp(m - lse) once Ot is rescaled by it
+        qvec_sinks_finish(P, ws, U, ot, m, l)
     if U.mode == MODE_PARTIAL:
         # a key split: the reference max (NaN for a row made NaN by NaN scores,
         # whose max skipped them), the sum and the unnormalised output, per row
@@ -513,7 +540,10 @@ cdef void qvec_unit_finish(const Plan *P, Workspace *ws, const QvecUnit *U, floa
         for i in range(nr):
             grp = ws.goff[i]
             pos = U.r0 + i - grp * P.Lq
-            lse_i = <floating>(m[i] + log(l[i])) if l[i] > 0 or l[i] != l[i] else -INFINITY
+            if l[i] > 0 or l[i] != l[i]:
+                lse_i = <floating>(m[i] + log(l[i]))
+            else:   # no key: -inf, or (sinks: m holds it) the sink
+                lse_i = m[i] if P.sinks != NULL else -INFINITY
             (<floating *>P.lse.base)[batch_offset(P, &P.lse, U.b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
 
 

@@ -354,17 +354,23 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, int vstore, cons
 cdef void row_unit_finish(const Plan *P, const Workspace *ws, const RowUnit *U, floating *stats,
                           floating *part_o, floating *part_m, double *part_l) noexcept nogil:
     """The rows' results: lse only (MODE_STATS), this split's running max, sum and
-    unnormalised output (MODE_PARTIAL), or the output rows (and lse)."""
+    unnormalised output (MODE_PARTIAL), or the output rows (and lse).  Sinks enter
+    here (MODE_STATS: the lse the weights are computed from; MODE_ONLINE: lse
+    and the output's factor), not in a key split (merge_splits applies them)."""
     cdef floating *o = <floating *>ws.o
     cdef const floating *m = <const floating *>ws.m
     cdef const double *l = ws.l
     cdef int64_t i, c, grp, pos, Dv = P.Dv, dvp = U.dvp, soff
     cdef floating lse_i, inv
+    cdef double lse_s
     cdef char *orow
     for i in range(U.nr):
         grp = ws.goff[i]
         pos = U.r0 + i - grp * P.Lq
         if U.mode == MODE_STATS:
+            if P.sinks != NULL:
+                stats[i] = <floating>sink_lse(m[i], l[i], sink_of(P, U.b, grp))
+                continue
             stats[i] = <floating>(m[i] + log(l[i])) if l[i] > 0 or l[i] != l[i] else -INFINITY
             continue
         if P.vscale == SCALE_PER_CHANNEL:
@@ -383,6 +389,15 @@ cdef void row_unit_finish(const Plan *P, const Workspace *ws, const RowUnit *U, 
             for c in range(Dv):
                 stored_set(P.o.store, orow, c * P.o.sc, o[i * dvp + c])
             lse_i = stats[i]
+        elif P.sinks != NULL and (l[i] > 0 or l[i] != l[i]):
+            lse_s = sink_lse(m[i], l[i], sink_of(P, U.b, grp))
+            inv = <floating>exp(m[i] - lse_s)
+            if P.o.sc == 1:
+                stored_scale_row_out(P.o.store, o + i * dvp, orow, Dv, inv)
+            else:
+                for c in range(Dv):
+                    stored_set(P.o.store, orow, c * P.o.sc, o[i * dvp + c] * inv)
+            lse_i = <floating>lse_s
         elif l[i] > 0 or l[i] != l[i]:
             inv = <floating>(1.0 / l[i])
             if P.o.sc == 1:
@@ -394,7 +409,7 @@ cdef void row_unit_finish(const Plan *P, const Workspace *ws, const RowUnit *U, 
         else:
             for c in range(Dv):
                 stored_set(P.o.store, orow, c * P.o.sc, 0)
-            lse_i = -INFINITY
+            lse_i = <floating>sink_of(P, U.b, grp) if P.sinks != NULL else -INFINITY
         if P.want_lse:
             (<floating *>P.lse.base)[batch_offset(P, &P.lse, U.b) + grp * P.lse.sg + pos * P.lse.sr] = lse_i
 

@@ -12,7 +12,7 @@ cdef void merge_splits(const Plan *P, int64_t b, int64_t r0, int64_t nr, int64_t
     stored once (a half-precision output is rounded once)."""
     cdef int64_t i, sp, c, grp, pos, Dv = P.Dv, osc = P.o.sc
     cdef floating M, mi, wf
-    cdef double L
+    cdef double L, fac
     cdef double wgt[SPLIT_TARGET]       # exp(m_split - M) of each split (nsplit <= SPLIT_TARGET)
     cdef char *orow
     cdef const floating *src
@@ -37,14 +37,17 @@ cdef void merge_splits(const Plan *P, int64_t b, int64_t r0, int64_t nr, int64_t
             for c in range(Dv):
                 stored_set(P.o.store, orow, c * osc, 0)
             if P.want_lse:
-                (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = -INFINITY
+                (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = \
+                    <floating>sink_of(P, b, grp) if P.sinks != NULL else -INFINITY
             continue
+        # the sink enters once, here: weights exp(m_split - lse) with lse = log(L e^M + e^sink)
+        fac = exp(M - sink_lse(M, L, sink_of(P, b, grp))) if P.sinks != NULL else 1 / L
         acc = NULL
         for sp in range(nsplit):
             if pm[sp * stride_split + i] == -INFINITY:
                 continue
             src = po + (sp * stride_split + i) * Dv
-            wf = <floating>(wgt[sp] / L)
+            wf = <floating>(wgt[sp] / L) if P.sinks == NULL else <floating>(wgt[sp] * fac)
             if acc == NULL:
                 acc = po + (sp * stride_split + i) * Dv
                 for c in range(Dv):
@@ -58,4 +61,5 @@ cdef void merge_splits(const Plan *P, int64_t b, int64_t r0, int64_t nr, int64_t
             for c in range(Dv):
                 stored_set(P.o.store, orow, c * osc, acc[c])
         if P.want_lse:
-            (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = <floating>(M + log(L))
+            (<floating *>P.lse.base)[batch_offset(P, &P.lse, b) + grp * P.lse.sg + pos * P.lse.sr] = \
+                <floating>(M + log(L)) if P.sinks == NULL else <floating>sink_lse(M, L, sink_of(P, b, grp))

@@ -100,15 +100,16 @@ cdef int fill_seqs(Seqs *Q, list keep, cnp.ndarray nq, cnp.ndarray nk, cnp.ndarr
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, causal=False, window=None,
-                     softcap=None, alibi_slopes=None, return_lse=False, out=None, num_threads=None):
-    cdef cnp.ndarray qa, ka, va, res, cuq, cuk, tab, lse = None, slt = None
+                     softcap=None, alibi_slopes=None, sinks=None, return_lse=False, out=None, num_threads=None):
+    cdef cnp.ndarray qa, ka, va, res, cuq, cuk, tab, lse = None, slt = None, snk = None
     cdef Plan P
     cdef Seqs Q
     cdef int ctype, otype, nbq
     cdef cnp.npy_intp dims[MAXDIM + 2]
     cdef list keep = []
-    if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(out)):
-        _refuse_foreign((("q", q), ("k", k), ("v", v), ("out", out)))
+    if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(out)
+            and plain(sinks)):
+        _refuse_foreign((("q", q), ("k", k), ("v", v), ("out", out), ("sinks", sinks)))
     qa = as_input(q, "q")
     ka = as_input(k, "k")
     va = as_input(v, "v")
@@ -139,6 +140,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, ca
     parse_scalar_options(&P, scale, causal, window, softcap)
     if alibi_slopes is not None:
         slt = batch_table(as_input(alibi_slopes, "alibi_slopes"), "alibi_slopes", dims, nbq, ctype)
+    if sinks is not None:
+        snk = sinks_table(sinks, dims, nbq)
     dims[1] = P.Lq
     dims[2] = P.Dv
     if out is not None:
@@ -158,6 +161,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, ca
         va = stored_operand(va, ctype, True)
     plan_init(&P, qa, ka, va, res)
     plan_options(&P, None, None, None, slt, None, lse)
+    if snk is not None:
+        P.sinks = <const double *>cnp.PyArray_DATA(snk)
     tab = seq_table(cuq.shape[0] - 1)
     seq_fill(tab, SEQ_NQ, cuq, 0, 0, 1)
     seq_fill(tab, SEQ_NK, cuk, 0, 0, 1)
@@ -261,9 +266,9 @@ cdef int fill_seq_table(Seqs *Q, list keep, cnp.ndarray r, cnp.ndarray nk) excep
 
 
 def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=None, scale=None, causal=False,
-                    window=None, softcap=None, alibi_slopes=None, k_scale=None, v_scale=None, return_lse=False,
-                    out=None, num_threads=None):
-    cdef cnp.ndarray qa, ka, va, res, table, lens, nq, cuq = None, lse = None, slt = None, tab
+                    window=None, softcap=None, alibi_slopes=None, k_scale=None, v_scale=None, sinks=None,
+                    return_lse=False, out=None, num_threads=None):
+    cdef cnp.ndarray qa, ka, va, res, table, lens, nq, cuq = None, lse = None, slt = None, tab, snk = None
     cdef cnp.ndarray q1, k1, v1, o1, l1
     cdef Plan P
     cdef Seqs Q
@@ -272,9 +277,9 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     cdef cnp.npy_intp dims[MAXDIM + 2]
     cdef list keep = []
     if not (type(q) is cnp.ndarray and type(k_cache) is cnp.ndarray and type(v_cache) is cnp.ndarray
-            and plain(out) and plain(k_scale) and plain(v_scale)):
+            and plain(out) and plain(k_scale) and plain(v_scale) and plain(sinks)):
         _refuse_foreign((("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
-                         ("k_scale", k_scale), ("v_scale", v_scale)))
+                         ("k_scale", k_scale), ("v_scale", v_scale), ("sinks", sinks)))
     qa = as_input(q, "q")
     ka = as_input(k_cache, "k_cache")
     va = as_input(v_cache, "v_cache")
@@ -328,6 +333,8 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     parse_scalar_options(&P, scale, causal, window, softcap)
     if alibi_slopes is not None:
         slt = batch_table(as_input(alibi_slopes, "alibi_slopes"), "alibi_slopes", dims, nbq, ctype)
+    if sinks is not None:
+        snk = sinks_table(sinks, dims, nbq)
     odims = (<object>qa).shape[:qa.ndim - 1] + (P.Dv,)
     for d in range(qa.ndim):
         dims[d] = odims[d]
@@ -353,6 +360,8 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     l1 = lse if packed or lse is None else first_of(lse)
     plan_init(&P, q1, k1, v1, o1)
     plan_options(&P, None, None, None, slt, None, l1)
+    if snk is not None:
+        P.sinks = <const double *>cnp.PyArray_DATA(snk)
     P.k.sp = elements(ka, 0)
     P.v.sp = elements(va, 0)
     P.pages = <const int64_t *>cnp.PyArray_DATA(table)

@@ -9,8 +9,8 @@ of float32, float64 and float16 are read in place through ``Tensor.numpy()``
 come back as tensors that share the result arrays' memory
 (``torch.from_numpy``).  Tensors on another device raise ``TypeError``.
 
-When gradients are needed (grad mode on and ``q``, ``k``, ``v`` or ``bias``
-requiring grad) attention runs as :class:`AttentionFunction`: fastattn's
+When gradients are needed (grad mode on and ``q``, ``k``, ``v``, ``bias`` or
+``sinks`` requiring grad) attention runs as :class:`AttentionFunction`: fastattn's
 forward with ``return_lse=True``, and :func:`fastattn.attention_backward` for
 the backward.  Softmax and log-softmax have their backward in torch operations.
 
@@ -101,12 +101,13 @@ def attention(q, k, v, **options):
     in place through ``Tensor.numpy()`` (a view with the tensor's strides, no
     copy), bfloat16 ones as an ``ml_dtypes.bfloat16`` view of the same memory.
     The results are tensors sharing memory with fastattn's result arrays
-    (``torch.from_numpy``).  When grad mode is on and ``q``, ``k``, ``v`` or
-    ``bias`` is a tensor that requires grad, the call runs through
+    (``torch.from_numpy``).  When grad mode is on and ``q``, ``k``, ``v``,
+    ``bias`` or ``sinks`` is a tensor that requires grad, the call runs through
     ``AttentionFunction``, a ``torch.autograd.Function``: fastattn's forward with
     ``return_lse=True``, and :func:`fastattn.attention_backward` for the
-    backward, which gives the gradients of ``q``, ``k``, ``v`` and ``bias``
-    (summed back over broadcast dims).  The backward is not differentiable
+    backward, which gives the gradients of ``q``, ``k``, ``v``, ``bias`` and
+    ``sinks`` (summed back over broadcast dims: ``sinks.grad`` has the shape
+    of ``sinks``).  The backward is not differentiable
     itself (once differentiable).  Otherwise no autograd graph is recorded.
 
     Parameters
@@ -122,7 +123,7 @@ def attention(q, k, v, **options):
         ``causal``, ``mask``, ``bias``, ...), each a CPU tensor, a NumPy array
         or a plain value.  ``out`` may be a tensor of the output's shape and
         dtype: it is written in place and returned.  When a gradient is
-        needed, the options other than ``bias``, ``return_weights`` and
+        needed, the options other than ``bias``, ``sinks``, ``return_weights`` and
         ``return_lse`` that are given (not None) must be ones that
         :func:`fastattn.attention_backward` takes: ``out``, ``k_scale`` and
         ``v_scale`` then raise TypeError.
@@ -181,7 +182,7 @@ def attention(q, k, v, **options):
     True
     """
     bias = options.get("bias")
-    if _needs_grad(q, k, v, bias):
+    if _needs_grad(q, k, v, bias, options.get("sinks")):
         return _attention_with_grad(q, k, v, options)
     _check_out(options.get("out"))
     out_tensor = options.get("out") if isinstance(options.get("out"), torch.Tensor) else None
@@ -203,13 +204,14 @@ def _attention_with_grad(q, k, v, options):
     return_weights = bool(options.pop("return_weights", False))
     return_lse = bool(options.pop("return_lse", False))
     bias = options.pop("bias", None)
+    sinks = options.pop("sinks", None)
     # options left at None are the defaults: only the ones given must be the backward's
     fixed = {name: _tensor_to_array(value, name) for name, value in options.items() if value is not None}
     unknown = sorted(set(fixed) - set(_BACKWARD_OPTIONS))
     if unknown:
         raise TypeError(f"attention() got an unexpected keyword argument {unknown[0]!r} (or one that "
                         f"fastattn.attention_backward does not take, with gradients needed)")
-    out, lse, weights = AttentionFunction.apply(q, k, v, bias, fixed, return_weights)
+    out, lse, weights = AttentionFunction.apply(q, k, v, bias, fixed, return_weights, sinks)
     parts = (out,) + ((weights,) if return_weights else ()) + ((lse,) if return_lse else ())
     return parts if len(parts) > 1 else out
 
@@ -217,19 +219,20 @@ def _attention_with_grad(q, k, v, options):
 class AttentionFunction(torch.autograd.Function):
     """fastattn's attention as an autograd Function.
 
-    ``AttentionFunction.apply(q, k, v, bias, options, return_weights)`` returns
-    ``(out, lse, weights)`` (``weights`` None unless asked for); ``options`` holds
-    fastattn.attention's other keywords (mask, causal, window, ...) as NumPy
-    arrays or plain values.  Gradients flow to ``q``, ``k``, ``v`` and ``bias``
-    (``fastattn.attention_backward`` with ``return_dbias`` when ``bias`` needs
-    one); ``lse`` and ``weights`` are constants.  Once differentiable.
+    ``AttentionFunction.apply(q, k, v, bias, options, return_weights[, sinks])``
+    returns ``(out, lse, weights)`` (``weights`` None unless asked for);
+    ``options`` holds fastattn.attention's other keywords (mask, causal,
+    window, ...) as NumPy arrays or plain values.  Gradients flow to ``q``,
+    ``k``, ``v``, ``bias`` and ``sinks`` (``fastattn.attention_backward`` with
+    ``return_dbias`` / ``return_dsinks`` when they need one); ``lse`` and
+    ``weights`` are constants.  Once differentiable.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, options, return_weights):
-        inputs = (q, k, v, bias)
-        arrays = [_tensor_to_array(x, name) for x, name in zip(inputs, ("q", "k", "v", "bias"))]
-        result = _api.attention(*arrays[:3], bias=arrays[3], return_lse=True,
+    def forward(ctx, q, k, v, bias, options, return_weights, sinks=None):
+        inputs = (q, k, v, bias, sinks)
+        arrays = [_tensor_to_array(x, name) for x, name in zip(inputs, ("q", "k", "v", "bias", "sinks"))]
+        result = _api.attention(*arrays[:3], bias=arrays[3], sinks=arrays[4], return_lse=True,
                                 return_weights=return_weights, **options)
         out, lse = _array_to_tensor(result[0]), _array_to_tensor(result[-1])
         weights = _array_to_tensor(result[1]) if return_weights else None
@@ -245,17 +248,23 @@ class AttentionFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, grad_lse, grad_weights):
         *saved, out, lse = ctx.saved_tensors
-        names = ("q", "k", "v", "bias")
-        q, k, v, bias = (a if t is None else _tensor_to_array(t, n)
-                         for t, a, n in zip(saved, ctx.arrays, names))
+        names = ("q", "k", "v", "bias", "sinks")
+        q, k, v, bias, sinks = (a if t is None else _tensor_to_array(t, n)
+                                for t, a, n in zip(saved, ctx.arrays, names))
+        n_in = len(ctx.needs_input_grad)          # 6 inputs, or 7 with sinks
         want_dbias = bias is not None and ctx.needs_input_grad[3]
+        want_dsinks = sinks is not None and n_in > 6 and ctx.needs_input_grad[6]
         grads = fastattn.attention_backward(
             _tensor_to_array(grad_out, "grad_out"), q, k, v, _tensor_to_array(out, "out"),
-            _tensor_to_array(lse, "lse"), bias=bias, return_dbias=want_dbias, **ctx.options)
+            _tensor_to_array(lse, "lse"), bias=bias, sinks=sinks, return_dbias=want_dbias,
+            return_dsinks=want_dsinks, **ctx.options)
         tensors = [_array_to_tensor(np.asarray(g)) if need else None
                    for g, need in zip(grads, ctx.needs_input_grad[:3])]
         tensors.append(_array_to_tensor(np.asarray(grads[3])) if want_dbias else None)
-        return (*tensors, None, None)
+        tensors += [None, None]
+        if n_in > 6:
+            tensors.append(_array_to_tensor(np.asarray(grads[-1])) if want_dsinks else None)
+        return tuple(tensors)
 
 
 # ---------------------------------------------------------------- scaled_dot_product_attention

@@ -28,9 +28,27 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from . import _mask_decomposition
 from . import torch as torch_integration
 
-__all__ = ["register", "attention_forward", "NAME"]
+__all__ = ["register", "attention_forward", "NAME", "IGNORED_KEYWORDS"]
 
 NAME = "fastattn"
+
+#: Keywords that models pass to the attention function and that do not change
+#: its result here, so :func:`attention_forward` accepts and ignores them (as
+#: sdpa's attention function does): positions and cache bookkeeping (the mask
+#: transformers builds for sdpa already encodes padding and packed sequences),
+#: flags about other outputs (the weights are None, as with sdpa), and
+#: flash-attention's packed-sequence descriptors, which describe the sequences
+#: that mask encodes.  Any other keyword that is not None raises
+#: NotImplementedError naming it: a keyword fastattn does not know is never
+#: silently dropped.
+IGNORED_KEYWORDS = frozenset({
+    "position_ids", "cache_position", "past_key_values", "past_key_value", "use_cache", "layer_idx",
+    "output_attentions", "output_hidden_states", "output_router_logits", "return_dict", "num_items_in_batch",
+    "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx",
+    "deterministic",        # flash-attn's deterministic backward: fastattn's always is
+})
+# keywords that change the math and are handled: added to the scores, or attention sinks
+_HANDLED_KEYWORDS = frozenset({"position_bias", "s_aux", "sinks"})
 
 
 def register(name=NAME):
@@ -145,9 +163,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     ``kv_lengths``, ``kv_start``, a per-key mask; the full mask only when
     nothing else reproduces it), once per mask tensor object for the last few
     masks; any other mask is added to the scores (``bias``).  A
-    ``position_bias`` keyword is added to the scores too, as sdpa does.  When
-    grad mode is on and ``query``, ``key``, ``value`` or the bias requires
-    grad, the call runs through autograd; otherwise fastattn writes the output
+    ``position_bias`` keyword is added to the scores too, as sdpa does, and
+    ``s_aux`` (gpt-oss's learned attention sinks, one per query head) becomes
+    fastattn's ``sinks``.  No keyword is dropped silently: the ones in
+    :data:`IGNORED_KEYWORDS` do not change the result, any other that is not
+    None raises NotImplementedError.  When grad mode is on and ``query``,
+    ``key``, ``value``, the bias or the sinks require grad, the call runs
+    through autograd; otherwise fastattn writes the output
     straight into a new (B, Lq, H, Dv) tensor of ``query``'s dtype.
 
     Parameters
@@ -182,8 +204,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         mask (the mask is what is computed).
     **kwargs
         ``position_bias`` (a tensor broadcastable to (B, H, Lq, Lk)) is added
-        to the scores; everything else is ignored, as sdpa ignores it
-        (position ids, cache flags, ...).
+        to the scores; ``s_aux`` (or ``sinks``), a tensor of shape (H,), gives
+        each query head's attention sink (:func:`fastattn.attention`'s
+        ``sinks``); the keywords in :data:`IGNORED_KEYWORDS` (position ids,
+        cache bookkeeping, output flags, flash-attention's packed-sequence
+        descriptors) are accepted and do not change the result; any other
+        keyword raises NotImplementedError unless it is None.
 
     Returns
     -------
@@ -195,8 +221,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     Raises
     ------
     ValueError
-        ``dropout`` other than 0.  And the errors of
-        :func:`fastattn.integrations.torch.attention`.
+        ``dropout`` other than 0; both ``s_aux`` and ``sinks``.  And the
+        errors of :func:`fastattn.integrations.torch.attention`.
+    NotImplementedError
+        A keyword (other than None) that is neither handled nor in
+        :data:`IGNORED_KEYWORDS`: fastattn would compute something else than
+        the model asks for.
     TypeError
         The errors of :func:`fastattn.integrations.torch.attention` (for
         example a tensor on a GPU); without gradients, ``key`` or ``value``
@@ -227,6 +257,18 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if dropout:
         raise ValueError(f"fastattn computes attention without dropout, got dropout={dropout} "
                          f"(put the model in eval mode, or set its attention dropout to 0)")
+    unknown = sorted(name for name, value in kwargs.items()
+                     if value is not None and name not in IGNORED_KEYWORDS and name not in _HANDLED_KEYWORDS)
+    if unknown:
+        raise NotImplementedError(
+            f"fastattn's attention backend does not handle the attention keyword {unknown[0]!r} (given by the "
+            f"model: computing without it would give other results); use attn_implementation='sdpa' or 'eager' "
+            f"for this model")
+    sinks = kwargs.get("s_aux")
+    if kwargs.get("sinks") is not None:
+        if sinks is not None:
+            raise ValueError("attention sinks given twice, as s_aux and as sinks")
+        sinks = kwargs["sinks"]
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     B, H, Lq, _ = query.shape
@@ -234,10 +276,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     position_bias = kwargs.get("position_bias")
     if position_bias is not None:   # added to the scores, as sdpa does (with a float mask: both)
         options["bias"] = position_bias if "bias" not in options else options["bias"] + position_bias
+    if sinks is not None:
+        options["sinks"] = sinks
     plain = (key.shape[0] == value.shape[0] == B and query.dtype == key.dtype == value.dtype
              and all(x.shape[0] == B for x in (options.get("mask"), options.get("bias"))
                      if isinstance(x, torch.Tensor) and x.dim() == 4))
-    if not plain or torch_integration._needs_grad(query, key, value, options.get("bias")):
+    if not plain or torch_integration._needs_grad(query, key, value, options.get("bias"), sinks):
         # gradients, broadcast batches or mixed dtypes: the result's own shape and dtype
         out = torch_integration.attention(query, key, value, **options)
         return out.transpose(1, 2).contiguous(), None
