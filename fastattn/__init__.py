@@ -20,6 +20,7 @@ except ImportError as _exc:
     raise_if_unbuilt(_exc, __path__[0])
     raise
 from ._config import get_version as _get_version
+from ._quantized import QuantizedKV, quantize_kv
 from ._config import show_config
 from ._sdpa import scaled_dot_product_attention
 from ._threads import get_num_threads, set_num_threads, threads
@@ -29,5 +30,5 @@ __version__ = _get_version()
 __all__ = [
     "attention", "scaled_dot_product_attention", "attention_backward", "attention_varlen", "attention_paged",
     "softmax", "log_softmax",
-    "merge_attention", "set_num_threads", "get_num_threads", "threads", "show_config", "reference", "__version__",
+    "merge_attention", "QuantizedKV", "quantize_kv", "set_num_threads", "get_num_threads", "threads", "show_config", "reference", "__version__",
 ]

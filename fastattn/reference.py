@@ -47,11 +47,53 @@ def _is_bfloat16(a):
     return a.dtype.kind == "V" and a.dtype.itemsize == 2 and a.dtype.name == "bfloat16"
 
 
+_FLOAT8_NAMES = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _is_float8(a):
+    """An array of ml_dtypes' float8_e4m3fn or float8_e5m2, recognised by the
+    dtype's name and size (ml_dtypes is never imported here)."""
+    return a.dtype.itemsize == 1 and a.dtype.kind in "Vf" and a.dtype.name in _FLOAT8_NAMES
+
+
+def _is_quantized(x):
+    """A fastattn.QuantizedKV (recognised by its class, imported lazily)."""
+    from ._quantized import QuantizedKV
+    return isinstance(x, QuantizedKV)
+
+
+def _dequantized(c):
+    """The float64 values of a QuantizedKV, from its documented fields: element d
+    of a row is (code - zero[..., d // G]) * scale[..., d // G]; 8 bits: one
+    code per byte; 4 bits: element 2i in the low nibble of byte i, 2i + 1 in the
+    high nibble."""
+    data = np.asarray(c.data)
+    if c.bits == 8:
+        codes = data.astype(np.float64)
+    else:
+        codes = np.empty(data.shape[:-1] + (2 * data.shape[-1],))
+        codes[..., 0::2] = data & 0x0F
+        codes[..., 1::2] = data >> 4
+    group = np.arange(codes.shape[-1]) // c.group_size
+    scale = np.asarray(c.scale, np.float64)[..., group]
+    zero = np.asarray(c.zero, np.float64)[..., group]
+    return (codes - zero) * scale
+
+
+def _kv_input(x, name):
+    """k or v as (raw, float64 values): a QuantizedKV is dequantized from its
+    fields (raw: the QuantizedKV), anything else goes through _as_f64."""
+    if _is_quantized(x):
+        return x, _dequantized(x)
+    raw = np.asarray(x)
+    return raw, _as_f64(raw, name)
+
+
 def _as_f64(x, name):
-    """Convert a real numeric / bool array-like to float64 (bfloat16 included);
-    TypeError otherwise."""
+    """Convert a real numeric / bool array-like to float64 (bfloat16 and float8
+    included); TypeError otherwise."""
     a = np.asarray(x)
-    if a.dtype.kind not in "biuf" and not _is_bfloat16(a):
+    if a.dtype.kind not in "biuf" and not _is_bfloat16(a) and not _is_float8(a):
         raise TypeError(
             f"{name}: unsupported dtype {a.dtype}; expected a real numeric or boolean array"
         )
@@ -356,17 +398,19 @@ def _visibility(batch, Lq, Lk, causal, window, mask, kv_lengths, kv_start, align
 
 
 def _kv_scaled(kv64, kv_raw, scale, name, kvname):
-    """An integer k or v times its k_scale / v_scale (float64), the scale
-    broadcast per key (to kv.shape[:-1] + (1,)) or per channel (to
+    """An integer (int8) or float8 k or v times its k_scale / v_scale (float64),
+    the scale broadcast per key (to kv.shape[:-1] + (1,)) or per channel (to
     kv.shape[:-2] + (1, D))."""
     if scale is None:
         return kv64
     s = np.asarray(scale)
     if s.dtype.kind not in "fiu":
         raise TypeError(f"{name} must be a real (float) array, got dtype {s.dtype}")
-    if kv_raw.dtype.kind not in "iu":
+    if _is_quantized(kv_raw):
+        raise TypeError(f"{name} is given for a QuantizedKV {kvname}: its scales are its own fields")
+    if kv_raw.dtype.kind not in "iu" and not _is_float8(kv_raw):
         raise TypeError(f"{name} is given for {kvname} of dtype {kv_raw.dtype}: scales are for integer "
-                        f"(int8) {kvname} only")
+                        f"(int8) and float8 {kvname} only")
     per_key = kv64.shape[:-1] + (1,)
     per_channel = kv64.shape[:-2] + (1, kv64.shape[-1])
 
@@ -424,6 +468,9 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
         Values.  Batch dims broadcast by NumPy rules; when the head axis (-3)
         of ``q`` is a multiple ``g > 1`` of ``k``'s and ``v``'s, query head
         ``h`` uses key/value head ``h // g`` (grouped-query attention).
+        ``k`` and ``v`` may be float8 arrays (``ml_dtypes.float8_e4m3fn`` /
+        ``float8_e5m2``, their values exactly) or :class:`fastattn.QuantizedKV`
+        (element ``d`` of a row: ``(code - zero[..., d // G]) * scale[..., d // G]``).
     scale : float, optional
         Multiplies ``q @ kᵀ``; default ``1 / sqrt(Dk)`` (1 when ``Dk`` is 0).
     causal : {False, True, "top_left", "bottom_right"}, optional
@@ -452,7 +499,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     alibi_slopes : array_like, broadcastable to the batch dims, optional
         Adds ``-slope * |p(i) - j|`` to each score.
     k_scale, v_scale : array_like, optional
-        Scales of integer (int8) ``k`` / ``v``: the keys are ``k * k_scale``,
+        Scales of integer (int8) or float8 ``k`` / ``v``: the keys are ``k * k_scale``,
         with ``k_scale`` broadcastable to ``k.shape[:-1] + (1,)`` (per tensor,
         head or key) or to ``k.shape[:-2] + (1, Dk)`` (per channel); likewise
         ``v_scale`` for ``v``.
@@ -519,14 +566,13 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     [[1.  0. ]
      [0.5 0.5]]
     """
-    k_raw, v_raw = np.asarray(k), np.asarray(v)
     q = _as_f64(q, "q")
-    k = _as_f64(k_raw, "k")
-    v = _as_f64(v_raw, "v")
+    k_raw, k = _kv_input(k, "k")
+    v_raw, v = _kv_input(v, "v")
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim < 2:
             raise ValueError(f"{name} must be at least 2-D (..., L, D), got shape {a.shape}")
-    # int8 (integer) keys and values with scales: the values are k * k_scale, v * v_scale
+    # int8 / float8 keys and values with scales: the values are k * k_scale, v * v_scale
     k = _kv_scaled(k, k_raw, k_scale, "k_scale", "k")
     v = _kv_scaled(v, v_raw, v_scale, "v_scale", "v")
     Lq, Dk = q.shape[-2:]
@@ -1066,7 +1112,8 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
         The key cache: key ``j`` of sequence ``s`` is slot ``j % block_size``
         of block ``block_table[s, j // block_size]``.
     v_cache : array_like, shape (num_blocks, Hkv, block_size, Dv)
-        The value cache, laid out like ``k_cache``.
+        The value cache, laid out like ``k_cache``.  Either cache may be float8
+        or a :class:`fastattn.QuantizedKV` of that logical shape.
     block_table : array_like of int, shape (S, max_blocks)
         Each sequence's blocks; only those covering its ``seq_lens[s]`` keys are
         read (and must lie in ``[0, num_blocks)``).
@@ -1083,7 +1130,8 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     alibi_slopes : array_like, broadcastable to (Hq,), optional
         ALiBi slopes per query head.
     k_scale, v_scale : array_like, optional
-        Scales of integer (int8) caches: broadcastable to
+        Scales of integer (int8) or float8 caches (QuantizedKV caches carry
+        their own): broadcastable to
         ``k_cache.shape[:-1] + (1,)`` (per tensor, head or key) or to
         ``(Hkv, 1, Dk)`` (per channel, the same for every block).
     sinks : array_like, broadcastable to (Hq,), optional
@@ -1127,10 +1175,9 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     >>> print(reference.attention_paged(q, k_cache, v_cache, [[1, 0]], [3]).ravel())
     [2.33333333]
     """
-    k_raw, v_raw = np.asarray(k_cache), np.asarray(v_cache)
     q = _as_f64(q, "q")
-    kc = _as_f64(k_raw, "k_cache")
-    vc = _as_f64(v_raw, "v_cache")
+    k_raw, kc = _kv_input(k_cache, "k_cache")
+    v_raw, vc = _kv_input(v_cache, "v_cache")
     for name, a in (("k_cache", kc), ("v_cache", vc)):
         if a.ndim != 4:
             raise ValueError(f"{name} must be 4-D (num_blocks, Hkv, block_size, D), got shape {a.shape}")

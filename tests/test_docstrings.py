@@ -32,6 +32,8 @@ PUBLIC = {
     "fastattn.get_num_threads": (fastattn.get_num_threads, ()),
     "fastattn.threads": (fastattn.threads, ("Parameters", "Raises")),
     "fastattn.show_config": (fastattn.show_config, ("Parameters",)),
+    "fastattn.quantize_kv": (fastattn.quantize_kv, ("Parameters", "Raises")),
+    "fastattn.QuantizedKV": (fastattn.QuantizedKV, ("Parameters", "Raises")),
     "fastattn.reference.attention": (reference.attention, ("Parameters", "Raises")),
     "fastattn.reference.softmax": (reference.softmax, ("Parameters", "Raises")),
     "fastattn.reference.log_softmax": (reference.log_softmax, ("Parameters", "Raises")),
@@ -111,7 +113,8 @@ def test_docstring_sections(name):
     doc = inspect.getdoc(obj)
     assert doc, f"{name} has no docstring"
     found = sections(doc)
-    returns = "Yields" if obj is fastattn.threads else "Returns"
+    # (a class: its Attributes take the place of Returns)
+    returns = "Yields" if obj is fastattn.threads else "Attributes" if inspect.isclass(obj) else "Returns"
     for title in (returns, "Examples") + required:
         assert title in found and found[title].strip(), f"{name}: no {title} section"
     params = [p for p in inspect.signature(obj).parameters if p != "self"]

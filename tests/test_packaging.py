@@ -55,7 +55,7 @@ def test_stub_names_exist_at_runtime():
     tree = ast.parse((PKG / "__init__.pyi").read_text())
     stub_names = set()
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             stub_names.add(node.name)
         elif isinstance(node, ast.Assign):
             stub_names.update(t.id for t in node.targets if isinstance(t, ast.Name))

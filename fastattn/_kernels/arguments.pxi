@@ -50,12 +50,12 @@ cdef inline bint behaved_array(cnp.ndarray a) noexcept:
 
 
 cdef cnp.ndarray as_input(x, str name):
-    """x as an ndarray of a real numeric or boolean dtype (bfloat16 included: the
-    ml_dtypes dtype, recognised by the dtype itself): itself when it is an
+    """x as an ndarray of a real numeric or boolean dtype (bfloat16, float8_e4m3fn
+    and float8_e5m2 included: the ml_dtypes dtypes, recognised by the dtype itself): itself when it is an
     ndarray, else np.asarray(x).  TypeError for complex and other dtypes."""
     cdef cnp.ndarray a = <cnp.ndarray>x if type(x) is cnp.ndarray else np.asarray(x)
     cdef int t = cnp.PyArray_TYPE(a)
-    if t == cnp.NPY_FLOAT or t == cnp.NPY_DOUBLE or t == cnp.NPY_FLOAT16 or store_of(a) == STORE_BF16:
+    if t == cnp.NPY_FLOAT or t == cnp.NPY_DOUBLE or t == cnp.NPY_FLOAT16 or store_of(a) >= STORE_BF16:
         return a
     kind = a.dtype.kind
     if kind not in "fiub":
@@ -68,7 +68,8 @@ cdef cnp.ndarray as_input(x, str name):
 cdef int compute_type(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, int *out_type) except -1:
     """The compute type of q, k, v (NPY_FLOAT or NPY_DOUBLE) and, in out_type, the
     output type: promoted like np.result_type; float16 computes in float32 and
-    returns float16; everything else that is not float32 computes in float64."""
+    returns float16; float8 alone computes and returns float32; everything else
+    that is not float32 computes in float64."""
     cdef int t = cnp.PyArray_TYPE(q)
     if t == cnp.PyArray_TYPE(k) and t == cnp.PyArray_TYPE(v) and (t == cnp.NPY_FLOAT or t == cnp.NPY_DOUBLE):
         out_type[0] = t
@@ -80,6 +81,11 @@ cdef int compute_type(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, int *out_type
     if rt == np.float16 or rt.name == "bfloat16":
         out_type[0] = rt.num
         return cnp.NPY_FLOAT
+    if rt.itemsize == 1 and rt.name in ("float8_e4m3fn", "float8_e5m2"):
+        # float8 everywhere: computed and returned in float32 (a float8 result would
+        # keep 2-3 bits)
+        out_type[0] = cnp.NPY_FLOAT
+        return cnp.NPY_FLOAT
     out_type[0] = cnp.NPY_DOUBLE
     return cnp.NPY_DOUBLE
 
@@ -87,14 +93,16 @@ cdef int compute_type(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, int *out_type
 cdef cnp.ndarray stored_operand(cnp.ndarray a, int ctype, bint allow_int8):
     """a as the kernels read it: in place when its storage type is one they read
     for the compute type ctype -- float32 compute: float32, float16, bfloat16
-    (and int8, for k and v); float64 compute: float64 -- and it is behaved
-    (aligned, native byte order); else converted to ctype (a copy)."""
+    (and int8, float8_e4m3fn, float8_e5m2, for k and v: allow_int8); float64
+    compute: float64 -- and it is behaved (aligned, native byte order); else
+    converted to ctype (a copy)."""
     cdef int st
     if cnp.PyArray_TYPE(a) == ctype and behaved_array(a):
         return a
     if ctype == cnp.NPY_FLOAT:
         st = store_of(a)
-        if (st == STORE_F16 or st == STORE_BF16 or (allow_int8 and st == STORE_I8)) and behaved_array(a):
+        if (st == STORE_F16 or st == STORE_BF16 or (allow_int8 and (st == STORE_I8 or st == STORE_F8E4
+                                                                    or st == STORE_F8E5))) and behaved_array(a):
             return a
     return to_compute(a, ctype)
 
@@ -520,12 +528,17 @@ cdef int check_out(out, int nd, const cnp.npy_intp *shape, int typenum, tuple in
     return 0
 
 
-# ---------------------------------------------------------------- int8 scales
+# ---------------------------------------------------------------- int8 / float8 scales
+
+cdef inline bint is_float8(cnp.ndarray a) noexcept:
+    cdef int st = store_of(a)
+    return st == STORE_F8E4 or st == STORE_F8E5
+
 
 cdef object parse_kv_scale(x, str name, cnp.ndarray kv, str kvname, int *kind):
     """k_scale / v_scale: a real array broadcastable to kv.shape[:-1] + (1,) (per
     tensor, per head, per key: kind SCALE_PER_KEY) or to kv.shape[:-2] + (1, D)
-    (per channel: SCALE_PER_CHANNEL), finite, given for an integer kv only.
+    (per channel: SCALE_PER_CHANNEL), finite, given for an integer or float8 kv only.
     Returned with at least 2 dims."""
     cdef cnp.ndarray a
     cdef cnp.npy_intp per_key[MAXDIM + 2]
@@ -537,9 +550,9 @@ cdef object parse_kv_scale(x, str name, cnp.ndarray kv, str kvname, int *kind):
     a = as_input(x, name)
     if a.dtype.kind not in "fiu":
         raise TypeError(f"{name} must be a real (float) array, got dtype {a.dtype}")
-    if not cnp.PyArray_ISINTEGER(kv):
+    if not cnp.PyArray_ISINTEGER(kv) and not is_float8(kv):
         raise TypeError(f"{name} is given for {kvname} of dtype {kv.dtype}: scales are for integer "
-                        f"(int8) {kvname} only")
+                        f"(int8) and float8 {kvname} only")
     for d in range(nd):
         per_key[d] = kv.shape[d]
         per_channel[d] = kv.shape[d]
@@ -561,12 +574,12 @@ cdef object parse_kv_scale(x, str name, cnp.ndarray kv, str kvname, int *kind):
 
 
 cdef cnp.ndarray scaled_kv(cnp.ndarray kv, scale, int ctype, int *kind):
-    """An integer k or v with its scale: read in place as int8 (float32 compute),
-    the scale applied by the kernels; otherwise converted with the scale folded
+    """An integer or float8 k or v with its scale: read in place as int8 / float8
+    (float32 compute), the scale applied by the kernels; otherwise converted with the scale folded
     in (kv.astype(compute dtype) * scale, a copy) and kind reset to SCALE_NONE."""
     if scale is None:
         return stored_operand(kv, ctype, True)
-    if ctype == cnp.NPY_FLOAT and store_of(kv) == STORE_I8 and behaved_array(kv):
+    if ctype == cnp.NPY_FLOAT and (store_of(kv) == STORE_I8 or is_float8(kv)) and behaved_array(kv):
         return kv
     kind[0] = SCALE_NONE
     dt = dtype_of(ctype)

@@ -130,7 +130,8 @@ cdef extern from "simd.h" nogil:
     int fa_pack_rows_d(const double *src, int64_t sr, int64_t n, int64_t D, double *dst, int64_t ldd)
 
     # readers of stored rows for float compute and half-precision / int8 storage
-    # (stored_reads.h instantiated with widen.h; _fh float16, _fb bfloat16, _fi8 int8)
+    # (stored_reads.h instantiated with widen.h; _fh float16, _fb bfloat16, _fi8 int8,
+    # _fe4 float8_e4m3fn, _fe5 float8_e5m2)
     float fa_scalar_s_fh(uint16_t x)
     void fa_pack_transposed_fh(const uint16_t *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt,
                       int64_t ld, int64_t pf)
@@ -173,6 +174,34 @@ cdef extern from "simd.h" nogil:
     void fa_qvec_bias_fi8(float *st, int64_t lds, int64_t j0, int64_t j1, const int8_t *const *brows, int64_t ni)
     void fa_widen_scale_row_fi8(const int8_t *x, float *y, int64_t n, float a)
     void fa_add_row_fi8(float *x, const int8_t *b, int64_t n)
+    float fa_scalar_s_fe4(uint8_t x)
+    void fa_pack_transposed_fe4(const uint8_t *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt,
+                      int64_t ld, int64_t pf)
+    int fa_pack_rows_fe4(const uint8_t *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
+    void fa_qk_rows_fe4(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *k, int64_t ksr,
+                      int64_t n, float *s, int64_t lds)
+    void fa_pv_rows_fe4(const float *p, int64_t ldp, int64_t nr, const uint8_t *v, int64_t ldv,
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+    void fa_pv_qk_row1_fe4(const float *p, const uint8_t *v, int64_t ldv, int64_t k0, int64_t k1,
+                         float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const uint8_t *kn,
+                         int64_t ksr, int64_t nk, float *sn)
+    void fa_qvec_bias_fe4(float *st, int64_t lds, int64_t j0, int64_t j1, const uint8_t *const *brows, int64_t ni)
+    void fa_widen_scale_row_fe4(const uint8_t *x, float *y, int64_t n, float a)
+    void fa_add_row_fe4(float *x, const uint8_t *b, int64_t n)
+    float fa_scalar_s_fe5(uint8_t x)
+    void fa_pack_transposed_fe5(const uint8_t *q, const int64_t *qoff, int64_t nr, int64_t D, float scale, float *qt,
+                      int64_t ld, int64_t pf)
+    int fa_pack_rows_fe5(const uint8_t *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
+    void fa_qk_rows_fe5(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *k, int64_t ksr,
+                      int64_t n, float *s, int64_t lds)
+    void fa_pv_rows_fe5(const float *p, int64_t ldp, int64_t nr, const uint8_t *v, int64_t ldv,
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+    void fa_pv_qk_row1_fe5(const float *p, const uint8_t *v, int64_t ldv, int64_t k0, int64_t k1,
+                         float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const uint8_t *kn,
+                         int64_t ksr, int64_t nk, float *sn)
+    void fa_qvec_bias_fe5(float *st, int64_t lds, int64_t j0, int64_t j1, const uint8_t *const *brows, int64_t ni)
+    void fa_widen_scale_row_fe5(const uint8_t *x, float *y, int64_t n, float a)
+    void fa_add_row_fe5(float *x, const uint8_t *b, int64_t n)
     void fa_prefetch_bytes(const void *p, int64_t nbytes)
     void fa_widen_scale_row_f(const float *x, float *y, int64_t n, float a)
     void fa_add_row_f(float *x, const float *b, int64_t n)

@@ -64,7 +64,9 @@ cdef enum:
     STORE_F16 = 2
     STORE_BF16 = 3
     STORE_I8 = 4
-    # k_scale / v_scale (int8 k, v): one value per key, or per head dimension
+    STORE_F8E4 = 5             # ml_dtypes float8_e4m3fn (k, v only)
+    STORE_F8E5 = 6             # ml_dtypes float8_e5m2 (k, v only)
+    # k_scale / v_scale (int8 / float8 k, v): one value per key, or per head dimension
     SCALE_NONE = 0
     SCALE_PER_KEY = 1
     SCALE_PER_CHANNEL = 2
@@ -134,12 +136,16 @@ cdef inline int64_t run_end(const Plan *P, int64_t t, int64_t t1) noexcept nogil
     return e if e < t1 else t1
 
 
-cdef int _bfloat16_num = -1      # the type number of ml_dtypes.bfloat16, once seen
+# the type numbers of ml_dtypes' bfloat16, float8_e4m3fn, float8_e5m2, once seen
+# (ml_dtypes is never imported: its dtypes are recognised by name and size)
+cdef int _bfloat16_num = -1
+cdef int _f8e4_num = -1
+cdef int _f8e5_num = -1
 
 
 cdef int store_of_other(cnp.ndarray a) noexcept:
     """store_of for everything but float32 / float64."""
-    global _bfloat16_num
+    global _bfloat16_num, _f8e4_num, _f8e5_num
     cdef int t = cnp.PyArray_TYPE(a)
     if t == cnp.NPY_FLOAT16:
         return STORE_F16
@@ -147,9 +153,20 @@ cdef int store_of_other(cnp.ndarray a) noexcept:
         return STORE_I8
     if t == _bfloat16_num:
         return STORE_BF16
-    if t >= 256 and cnp.PyArray_ITEMSIZE(a) == 2 and a.dtype.name == "bfloat16":   # NPY_USERDEF
-        _bfloat16_num = t
-        return STORE_BF16
+    if t == _f8e4_num:
+        return STORE_F8E4
+    if t == _f8e5_num:
+        return STORE_F8E5
+    if t >= 256:        # NPY_USERDEF
+        if cnp.PyArray_ITEMSIZE(a) == 2 and a.dtype.name == "bfloat16":
+            _bfloat16_num = t
+            return STORE_BF16
+        if cnp.PyArray_ITEMSIZE(a) == 1 and a.dtype.name == "float8_e4m3fn":
+            _f8e4_num = t
+            return STORE_F8E4
+        if cnp.PyArray_ITEMSIZE(a) == 1 and a.dtype.name == "float8_e5m2":
+            _f8e5_num = t
+            return STORE_F8E5
     return -1
 
 

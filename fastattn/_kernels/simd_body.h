@@ -21,7 +21,7 @@
 #undef FA_SSFX
 #undef FA_S
 #ifndef FA_DOUBLE
-/* float compute: half-precision and int8 storage (double compute reads only doubles) */
+/* float compute: half-precision, int8 and float8 storage (double compute reads only doubles) */
 #define FA_S uint16_t
 #define FA_SSFX(name) name##_fh
 #define FA_S_F16 1
@@ -42,6 +42,21 @@
 #include "widen.h"
 #include "stored_reads.h"
 #undef FA_S_I8
+#undef FA_SSFX
+#undef FA_S
+/* float8 (ml_dtypes float8_e4m3fn, float8_e5m2): bytes */
+#define FA_S uint8_t
+#define FA_SSFX(name) name##_fe4
+#define FA_S_F8E4 1
+#include "widen.h"
+#include "stored_reads.h"
+#undef FA_S_F8E4
+#undef FA_SSFX
+#define FA_SSFX(name) name##_fe5
+#define FA_S_F8E5 1
+#include "widen.h"
+#include "stored_reads.h"
+#undef FA_S_F8E5
 #undef FA_SSFX
 #undef FA_S
 #endif

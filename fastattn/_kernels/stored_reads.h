@@ -445,7 +445,7 @@ static inline void FA_SSFX(fa_add_row)(FA_T *x, const FA_S *b, int64_t n)
 }
 
 /* ---------------- stores of outputs (the native and half-precision types) */
-#if !FA_S_I8
+#if !FA_S_I8 && !FA_S_F8E4 && !FA_S_F8E5
 /* Output rows of the query-vectorised path: o[i * sor + c] = Ot[c][i] * inv[i]
  * for i < nr, c < Dv (output elements contiguous), stored as FA_S (a half
  * output rounded once, here).  Whole W x W blocks go

@@ -139,6 +139,10 @@ cdef inline double stored_value(int store, const char *p, int64_t i) noexcept no
         return fa_scalar_s_fh((<const uint16_t *>p)[i])
     if store == STORE_BF16:
         return fa_scalar_s_fb((<const uint16_t *>p)[i])
+    if store == STORE_F8E4:
+        return fa_scalar_s_fe4((<const uint8_t *>p)[i])
+    if store == STORE_F8E5:
+        return fa_scalar_s_fe5((<const uint8_t *>p)[i])
     return (<const int8_t *>p)[i]
 
 
@@ -153,6 +157,10 @@ cdef inline void stored_qk_rows(int store, const floating *qp, int64_t ldq, int6
         fa_qk_rows_fh(qp, ldq, nr, D, <const uint16_t *>k, ksr, n, s, lds)
     elif store == STORE_BF16:
         fa_qk_rows_fb(qp, ldq, nr, D, <const uint16_t *>k, ksr, n, s, lds)
+    elif store == STORE_F8E4:
+        fa_qk_rows_fe4(qp, ldq, nr, D, <const uint8_t *>k, ksr, n, s, lds)
+    elif store == STORE_F8E5:
+        fa_qk_rows_fe5(qp, ldq, nr, D, <const uint8_t *>k, ksr, n, s, lds)
     else:
         fa_qk_rows_fi8(qp, ldq, nr, D, <const int8_t *>k, ksr, n, s, lds)
 
@@ -168,6 +176,10 @@ cdef inline void stored_pv_rows(int store, const floating *p, int64_t ldp, int64
         fa_pv_rows_fh(p, ldp, nr, <const uint16_t *>v, ldv, k0, k1, o, ldo, nvec)
     elif store == STORE_BF16:
         fa_pv_rows_fb(p, ldp, nr, <const uint16_t *>v, ldv, k0, k1, o, ldo, nvec)
+    elif store == STORE_F8E4:
+        fa_pv_rows_fe4(p, ldp, nr, <const uint8_t *>v, ldv, k0, k1, o, ldo, nvec)
+    elif store == STORE_F8E5:
+        fa_pv_rows_fe5(p, ldp, nr, <const uint8_t *>v, ldv, k0, k1, o, ldo, nvec)
     else:
         fa_pv_rows_fi8(p, ldp, nr, <const int8_t *>v, ldv, k0, k1, o, ldo, nvec)
 
@@ -185,6 +197,10 @@ cdef inline void stored_pv_qk_row1(int store, const floating *p, const char *v, 
         fa_pv_qk_row1_fh(p, <const uint16_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint16_t *>kn, ksr, nk, sn)
     elif store == STORE_BF16:
         fa_pv_qk_row1_fb(p, <const uint16_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint16_t *>kn, ksr, nk, sn)
+    elif store == STORE_F8E4:
+        fa_pv_qk_row1_fe4(p, <const uint8_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint8_t *>kn, ksr, nk, sn)
+    elif store == STORE_F8E5:
+        fa_pv_qk_row1_fe5(p, <const uint8_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint8_t *>kn, ksr, nk, sn)
     else:
         fa_pv_qk_row1_fi8(p, <const int8_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const int8_t *>kn, ksr, nk, sn)
 
@@ -200,6 +216,10 @@ cdef inline void stored_pack_transposed(int store, const char *q, const int64_t 
         fa_pack_transposed_fh(<const uint16_t *>q, qoff, nr, D, scale, qt, ld, pf)
     elif store == STORE_BF16:
         fa_pack_transposed_fb(<const uint16_t *>q, qoff, nr, D, scale, qt, ld, pf)
+    elif store == STORE_F8E4:
+        fa_pack_transposed_fe4(<const uint8_t *>q, qoff, nr, D, scale, qt, ld, pf)
+    elif store == STORE_F8E5:
+        fa_pack_transposed_fe5(<const uint8_t *>q, qoff, nr, D, scale, qt, ld, pf)
     else:
         fa_pack_transposed_fi8(<const int8_t *>q, qoff, nr, D, scale, qt, ld, pf)
 
@@ -216,6 +236,10 @@ cdef inline int stored_pack_rows(int store, const char *src, int64_t sr, int64_t
         return fa_pack_rows_fh(<const uint16_t *>src, sr, n, D, dst, ldd)
     elif store == STORE_BF16:
         return fa_pack_rows_fb(<const uint16_t *>src, sr, n, D, dst, ldd)
+    elif store == STORE_F8E4:
+        return fa_pack_rows_fe4(<const uint8_t *>src, sr, n, D, dst, ldd)
+    elif store == STORE_F8E5:
+        return fa_pack_rows_fe5(<const uint8_t *>src, sr, n, D, dst, ldd)
     else:
         return fa_pack_rows_fi8(<const int8_t *>src, sr, n, D, dst, ldd)
 
@@ -230,6 +254,10 @@ cdef inline void stored_scale_row(int store, const char *x, floating *y, int64_t
         fa_widen_scale_row_fh(<const uint16_t *>x, y, n, a)
     elif store == STORE_BF16:
         fa_widen_scale_row_fb(<const uint16_t *>x, y, n, a)
+    elif store == STORE_F8E4:
+        fa_widen_scale_row_fe4(<const uint8_t *>x, y, n, a)
+    elif store == STORE_F8E5:
+        fa_widen_scale_row_fe5(<const uint8_t *>x, y, n, a)
     else:
         fa_widen_scale_row_fi8(<const int8_t *>x, y, n, a)
 
@@ -244,6 +272,10 @@ cdef inline void stored_add_row(int store, floating *x, const char *b, int64_t n
         fa_add_row_fh(x, <const uint16_t *>b, n)
     elif store == STORE_BF16:
         fa_add_row_fb(x, <const uint16_t *>b, n)
+    elif store == STORE_F8E4:
+        fa_add_row_fe4(x, <const uint8_t *>b, n)
+    elif store == STORE_F8E5:
+        fa_add_row_fe5(x, <const uint8_t *>b, n)
     else:
         fa_add_row_fi8(x, <const int8_t *>b, n)
 
@@ -259,6 +291,10 @@ cdef inline void stored_qvec_bias(int store, floating *st, int64_t lds, int64_t 
         fa_qvec_bias_fh(st, lds, j0, j1, <const uint16_t *const *>brows, ni)
     elif store == STORE_BF16:
         fa_qvec_bias_fb(st, lds, j0, j1, <const uint16_t *const *>brows, ni)
+    elif store == STORE_F8E4:
+        fa_qvec_bias_fe4(st, lds, j0, j1, <const uint8_t *const *>brows, ni)
+    elif store == STORE_F8E5:
+        fa_qvec_bias_fe5(st, lds, j0, j1, <const uint8_t *const *>brows, ni)
     else:
         fa_qvec_bias_fi8(st, lds, j0, j1, <const int8_t *const *>brows, ni)
 

@@ -11,6 +11,10 @@
  *                FCVTL on NEON, a bit-exact software conversion elsewhere
  *   FA_S_BF16    bfloat16 (uint16_t bits): the bits shifted into the high half
  *   FA_S_I8      int8: sign extension and an int-to-float conversion (exact)
+ *   FA_S_F8E4    float8_e4m3fn (uint8_t bits): F16C on x86 (the byte as a half
+ *                with a rebiased exponent, times 2^8), bit arithmetic elsewhere
+ *   FA_S_F8E5    float8_e5m2 (uint8_t bits): the top byte of a half (F16C on
+ *                x86), bit arithmetic elsewhere
  *
  * The instructions come from the target header (fa_load_f16, fa_load_bf16,
  * fa_load_i8 and their partial and scalar forms: isa/portable.h); here each
@@ -67,6 +71,16 @@ static inline FA_S FA_SSFX(fa_narrow_s)(FA_T x)
 #  define FA_S_LOAD fa_load_i8
 #  define FA_S_LOAD_PART fa_load_part_i8
 #  define FA_S_LOAD4 fa_load4_i8
+#elif FA_S_F8E4
+#  define FA_S_TO_F32 fa_f8e4_to_f32
+#  define FA_S_LOAD fa_load_f8e4
+#  define FA_S_LOAD_PART fa_load_part_f8e4
+#  define FA_S_LOAD4 fa_load4_f8e4
+#elif FA_S_F8E5
+#  define FA_S_TO_F32 fa_f8e5_to_f32
+#  define FA_S_LOAD fa_load_f8e5
+#  define FA_S_LOAD_PART fa_load_part_f8e5
+#  define FA_S_LOAD4 fa_load4_f8e5
 #endif
 
 static inline float FA_SSFX(fa_scalar_s)(FA_S x)

@@ -172,4 +172,14 @@ static inline fa_v_f fa_load_part_i8(const int8_t *p, int64_t n, float fill)
     return fa_port_loadu_f(t);
 }
 
+/* float8: the portable bit arithmetic (isa/portable.h) */
+#define fa_f8e4_to_f32 fa_port_f8e4_to_f32
+#define fa_f8e5_to_f32 fa_port_f8e5_to_f32
+#define fa_load_f8e4 fa_port_load_f8e4
+#define fa_load_f8e5 fa_port_load_f8e5
+#define fa_load_part_f8e4 fa_port_load_part_f8e4
+#define fa_load_part_f8e5 fa_port_load_part_f8e5
+#define fa_load4_f8e4(p, v) FA_LOAD4_BY_ONE(fa_load_f8e4, p, v, FA_WF)
+#define fa_load4_f8e5(p, v) FA_LOAD4_BY_ONE(fa_load_f8e5, p, v, FA_WF)
+
 #endif /* FASTATTN_ISA_TARGET_H */

@@ -22,7 +22,10 @@
  *   fa_f16_to_f32 / fa_f32_to_f16 (scalar, round to nearest even), fa_load_f16 (W
  *   lanes), fa_load4_f16 (4 W lanes: v[0..3], one wide load where that is cheaper
  *   than four narrow ones), fa_load_part_f16, fa_store_f16; the same for bf16;
- *   fa_load_i8, fa_load4_i8, fa_load_part_i8.
+ *   fa_load_i8, fa_load4_i8, fa_load_part_i8; float8 (ml_dtypes float8_e4m3fn:
+ *   bias 7, no inf, NaN = 0x7f / 0xff; float8_e5m2: bias 15, the top byte of an
+ *   IEEE half): fa_f8e4_to_f32 / fa_f8e5_to_f32 (scalar), fa_load_f8e4,
+ *   fa_load_part_f8e4, fa_load4_f8e4, the same for f8e5.
  * Byte masks: fa_transpose_u8x16(r), 16 rows of 16 bytes transposed in place.
  * Not a standalone header. */
 #ifndef FASTATTN_ISA_PORTABLE_H
@@ -287,6 +290,86 @@ static inline fa_v_f fa_port_load_part_i8(const int8_t *p, int64_t n, float fill
 {
     float t[FA_WF];
     for (int i = 0; i < FA_WF; i++) t[i] = i < n ? (float)p[i] : fill;
+    return fa_port_loadu_f(t);
+}
+
+/* float8: the bytes zero-extended to 32-bit lanes, then bit arithmetic on all
+ * lanes at once (no per-element branch): a normal value's exponent and mantissa
+ * bits moved into float32 position with the exponent rebiased; a subnormal one
+ * (exponent field 0) converted from its integer mantissa and scaled by a power
+ * of two (exact, and no float32 subnormal is ever formed: those cost microcode
+ * assists on x86); e4m3fn's NaN (magnitude 0x7f) and e5m2's inf / NaN (exponent
+ * 31) selected in.  Every value exact. */
+typedef uint8_t fa_u8_wf __attribute__((vector_size(FA_WF)));
+
+static inline fa_u32_wf fa_port_bytes_u32(const uint8_t *p)
+{
+    fa_u8_wf b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, fa_u32_wf);
+}
+
+/* x: one byte per lane.  EB exponent bits, MB mantissa bits (EB + MB = 7), BIAS */
+#define FA_F8_LANES(x, MB, BIAS, SUBSCALE)                                                      \
+    const fa_u32_wf mag = (x) & 0x7fu, sign = ((x) & 0x80u) << 24;                             \
+    const fa_u32_wf norm = (mag << (23 - (MB))) + ((uint32_t)(127 - (BIAS)) << 23);              \
+    const fa_v_f subv = __builtin_convertvector((fa_vi_f)(mag & ((1u << (MB)) - 1)), fa_v_f) * (SUBSCALE); \
+    const fa_u32_wf is_sub = (fa_u32_wf)(mag < (1u << (MB)));                                  \
+    fa_u32_wf bits = (norm & ~is_sub) | ((fa_u32_wf)subv & is_sub)
+
+/* e4m3fn: subnormals m * 2^-9, NaN at magnitude 0x7f (no inf) */
+static inline fa_v_f fa_port_f8e4_lanes(fa_u32_wf x)
+{
+    FA_F8_LANES(x, 3, 7, 0x1p-9f);
+    const fa_u32_wf is_nan = (fa_u32_wf)(mag == 0x7fu);
+    bits = (bits & ~is_nan) | (0x7fc00000u & is_nan);
+    return (fa_v_f)(bits | sign);
+}
+
+/* e5m2: subnormals m * 2^-16, exponent 31: inf (mantissa 0) or NaN */
+static inline fa_v_f fa_port_f8e5_lanes(fa_u32_wf x)
+{
+    FA_F8_LANES(x, 2, 15, 0x1p-16f);
+    const fa_u32_wf is_special = (fa_u32_wf)(mag >= 0x7cu);
+    bits = (bits & ~is_special) | (((mag << 21) | 0x7f800000u) & is_special);
+    return (fa_v_f)(bits | sign);
+}
+#undef FA_F8_LANES
+
+static inline float fa_port_f8e4_to_f32(uint8_t b)
+{
+    const uint32_t mag = b & 0x7fu, e = mag >> 3, m = mag & 7u;
+    float f;
+    if (mag == 0x7fu) {
+        f = __builtin_nanf("");
+    } else if (e) {
+        const uint32_t bits = (mag << 20) + (120u << 23);
+        memcpy(&f, &bits, sizeof f);
+    } else {
+        f = (float)m * 0x1p-9f;
+    }
+    return (b & 0x80u) ? -f : f;
+}
+
+static inline float fa_port_f8e5_to_f32(uint8_t b)
+{
+    return fa_port_f16_to_f32((uint16_t)(b << 8));
+}
+
+static inline fa_v_f fa_port_load_f8e4(const uint8_t *p) { return fa_port_f8e4_lanes(fa_port_bytes_u32(p)); }
+static inline fa_v_f fa_port_load_f8e5(const uint8_t *p) { return fa_port_f8e5_lanes(fa_port_bytes_u32(p)); }
+
+static inline fa_v_f fa_port_load_part_f8e4(const uint8_t *p, int64_t n, float fill)
+{
+    float t[FA_WF];
+    for (int i = 0; i < FA_WF; i++) t[i] = i < n ? fa_port_f8e4_to_f32(p[i]) : fill;
+    return fa_port_loadu_f(t);
+}
+
+static inline fa_v_f fa_port_load_part_f8e5(const uint8_t *p, int64_t n, float fill)
+{
+    float t[FA_WF];
+    for (int i = 0; i < FA_WF; i++) t[i] = i < n ? fa_port_f8e5_to_f32(p[i]) : fill;
     return fa_port_loadu_f(t);
 }
 

@@ -110,8 +110,33 @@ static inline fa_v_f fa_load_i8(const int8_t *p)
 
 #define fa_load_part_i8 fa_port_load_part_i8
 
+/* ---- float8 through F16C (see isa/x86_avx512.h): e5m2 shifted into a half;
+ * e4m3fn as the half s 0eeee mmm0000000 times 2^8, NaN at magnitude 0x7f ---- */
+static inline fa_v_f fa_load_f8e5(const uint8_t *p)
+{
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    return (fa_v_f)_mm256_cvtph_ps(_mm_slli_epi16(b, 8));
+}
+
+static inline fa_v_f fa_load_f8e4(const uint8_t *p)
+{
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_xor_si128(b, mag), 8), _mm_slli_epi16(mag, 7));
+    const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
+    return (fa_v_f)_mm256_blendv_ps(x, _mm256_set1_ps(__builtin_nanf("")), nan);
+}
+
+static inline float fa_f8e5_to_f32(uint8_t b) { return _cvtsh_ss((unsigned short)(b << 8)); }
+#define fa_f8e4_to_f32 fa_port_f8e4_to_f32
+#define fa_load_part_f8e4 fa_port_load_part_f8e4
+#define fa_load_part_f8e5 fa_port_load_part_f8e5
+
 #define fa_load4_f16(p, v) FA_LOAD4_BY_ONE(fa_load_f16, p, v, FA_WF)
 #define fa_load4_bf16(p, v) FA_LOAD4_BY_ONE(fa_load_bf16, p, v, FA_WF)
 #define fa_load4_i8(p, v) FA_LOAD4_BY_ONE(fa_load_i8, p, v, FA_WF)
+#define fa_load4_f8e4(p, v) FA_LOAD4_BY_ONE(fa_load_f8e4, p, v, FA_WF)
+#define fa_load4_f8e5(p, v) FA_LOAD4_BY_ONE(fa_load_f8e5, p, v, FA_WF)
 
 #endif /* FASTATTN_ISA_TARGET_H */

@@ -129,8 +129,53 @@ static inline fa_v_f fa_load_part_i8(const int8_t *p, int64_t n, float fill)
     return (fa_v_f)_mm512_mask_blend_ps(k, _mm512_set1_ps(fill), x);
 }
 
+/* ---- float8 through F16C: e5m2 is the top byte of an IEEE half; e4m3fn
+ * (s eeee mmm) becomes the half s 0eeee mmm0000000 -- its exponent read with
+ * bias 15 instead of 7, so the value / 2^8, e4m3 subnormals half subnormals --
+ * widened by vcvtph2ps and multiplied by 2^8 (exact: each product is a normal
+ * float32 or zero); magnitude 0x7f is e4m3fn's NaN (it has no inf) ---- */
+static inline __m512 fa_f8e5_halves_to_ps(__m256i b) { return _mm512_cvtph_ps(_mm256_slli_epi16(b, 8)); }
+
+static inline __m512 fa_f8e4_halves_to_ps(__m256i b)
+{
+    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_xor_si256(b, mag), 8), _mm256_slli_epi16(mag, 7));
+    const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    return _mm512_mask_blend_ps(_mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f)), x,
+                                _mm512_set1_ps(__builtin_nanf("")));
+}
+
+static inline fa_v_f fa_load_f8e5(const uint8_t *p)
+{
+    return (fa_v_f)fa_f8e5_halves_to_ps(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)));
+}
+
+static inline fa_v_f fa_load_f8e4(const uint8_t *p)
+{
+    return (fa_v_f)fa_f8e4_halves_to_ps(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)));
+}
+
+static inline fa_v_f fa_load_part_f8e5(const uint8_t *p, int64_t n, float fill)
+{
+    const __mmask16 k = (__mmask16)((1u << n) - 1);
+    const __m512 x = fa_f8e5_halves_to_ps(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(k, p)));
+    return (fa_v_f)_mm512_mask_blend_ps(k, _mm512_set1_ps(fill), x);
+}
+
+static inline fa_v_f fa_load_part_f8e4(const uint8_t *p, int64_t n, float fill)
+{
+    const __mmask16 k = (__mmask16)((1u << n) - 1);
+    const __m512 x = fa_f8e4_halves_to_ps(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(k, p)));
+    return (fa_v_f)_mm512_mask_blend_ps(k, _mm512_set1_ps(fill), x);
+}
+
+static inline float fa_f8e5_to_f32(uint8_t b) { return _cvtsh_ss((unsigned short)(b << 8)); }
+#define fa_f8e4_to_f32 fa_port_f8e4_to_f32
+
 #define fa_load4_f16(p, v) FA_LOAD4_BY_ONE(fa_load_f16, p, v, FA_WF)
 #define fa_load4_bf16(p, v) FA_LOAD4_BY_ONE(fa_load_bf16, p, v, FA_WF)
 #define fa_load4_i8(p, v) FA_LOAD4_BY_ONE(fa_load_i8, p, v, FA_WF)
+#define fa_load4_f8e4(p, v) FA_LOAD4_BY_ONE(fa_load_f8e4, p, v, FA_WF)
+#define fa_load4_f8e5(p, v) FA_LOAD4_BY_ONE(fa_load_f8e5, p, v, FA_WF)
 
 #endif /* FASTATTN_ISA_TARGET_H */
