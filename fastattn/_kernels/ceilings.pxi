@@ -15,7 +15,7 @@ cdef extern from "ceilings.h" nogil:
         FA_WD
 
 # (streams, prefetch bytes) tried by read_bandwidth; the best is the ceiling
-READ_CONFIGS = tuple((s, pf) for s in (1, 2, 4, 8) for pf in (0, FA_PF_BYTES))
+READ_CONFIGS = tuple((s, pf) for s in (1, 2, 4, 8) for pf in (0, FA_PF_BYTES, 4 * FA_PF_BYTES))
 PEAK_CHAINS = (8, 12, 16)
 _PEAK_KINDS = {"float32": 0, "float64": 1, "bfloat16": 2}
 
