@@ -1,46 +1,53 @@
 #!/usr/bin/env python
-"""Side-by-side speed of fastattn, torch and NumPy on the standard cases.
+"""Side-by-side speed of fastattn, torch, NumPy, OpenVINO, ONNX Runtime and JAX.
 
 Each library runs each case in its own fresh Python process (two OpenMP
 runtimes in one process disturb each other), the order of the libraries
 rotates from one repeat to the next, every child warms up before timing, and
-the figures are medians.  The box's ceilings -- float32 matmul GFLOP/s and
-read bandwidth -- are measured in the same run with the same thread count
-(best of several, spread over the run), so the ratios in the table mean
-something on a shared, noisy machine.
+the figures are medians.  The box's ceilings are measured in the same run with
+the same thread count (best of several readings, spread over the run):
+fastattn's compiled FMA-peak loop (GFLOP/s) and multi-stream read loop over the
+bytes each memory-bound case reads (GB/s), so that no kernel figure can exceed
+100 %; NumPy's float32 matmul and reductions are shown beside them.
 
     python bench/compare.py                      # all cases, 2 threads, 3 repeats
     python bench/compare.py --quick --cases prefill,decode
     python bench/compare.py --threads 1 --json out.json --plot out.png
+    python bench/compare.py --peers jax --cases prefill   # one peer only
     python bench/compare.py --from-json out.json      # the table of a saved run again
 
-torch is optional (``pip install torch==2.13.0``, the CPU build); when it is
-not importable its column says so.  The NumPy column is the naive
-``softmax(q @ kᵀ / √d) @ v`` in the input dtype, the baseline every NumPy user
-has; for the softmax case it is ``scipy.special.softmax``.
+torch and the peers (bench/peers.py: OpenVINO, ONNX Runtime, JAX) are optional;
+a library that is not importable gets a note instead of a column of times, and
+a case a peer cannot express gets "--" with the reason.  Every output is checked
+against float64 and every peer's against fastattn's own.  The NumPy column is
+the naive ``softmax(q @ kᵀ / √d) @ v`` in the input dtype, the baseline every
+NumPy user has; for the softmax case it is ``scipy.special.softmax``.
 """
 import argparse
 import importlib.util
 import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load_harness():
+def _load(name, path):
     # Loaded by path rather than imported: ``import fastattn._bench`` would run
     # the package's __init__, which needs the compiled kernels, and the NumPy
     # and torch columns must work before they are built.
-    spec = importlib.util.spec_from_file_location("fastattn_bench_harness",
-                                                  os.path.join(REPO, "fastattn", "_bench.py"))
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-H = _load_harness()
+HERE = os.path.dirname(os.path.abspath(__file__))
+P = _load("fastattn_bench_peers", os.path.join(HERE, "peers.py"))
+H = P.H                      # fastattn/_bench.py, loaded once by peers.py
 CASES = (H.STANDARD_CASES + H.EXTRA_CASES + H.STORAGE_CASES + H.ACCURACY_CASES + H.BACKWARD_CASES
          + H.SERVING_CASES)
 CASE_IDS = [c["id"] for c in CASES]
@@ -60,7 +67,7 @@ def machine_info():
     except AttributeError:
         usable = os.cpu_count()
     versions = {}
-    for lib in ("numpy", "scipy", "torch"):
+    for lib in ("numpy", "scipy", "torch", "openvino", "onnxruntime", "jax", "onnx"):
         try:
             versions[lib] = metadata.version(lib)
         except metadata.PackageNotFoundError:
@@ -97,6 +104,31 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
+def ceiling_bytes(case):
+    """Bytes a memory-bound case must move, over which its read ceiling is measured
+    (None for compute-bound cases): K and V once for decode, read + write for softmax."""
+    if case["kind"] == "softmax":
+        return 2 * case["rows"] * case["cols"] * (8 if case["dtype"] == "float64" else 4)
+    if case.get("decode"):
+        return H.kv_bytes(case)
+    return None
+
+
+def peers_for(case, args, available):
+    """(peers that run ``case``, {peer: why not} for the others)."""
+    run, why = [], {}
+    for lib in args.peers:
+        if not available.get(lib):
+            why[lib] = "not importable"
+            continue
+        reason = P.unsupported(lib, case)
+        if reason:
+            why[lib] = reason
+        else:
+            run.append(lib)
+    return run, why
+
+
 def run(args):
     cases = [c for c in CASES if (c["id"] in args.cases if args.cases else not c.get("extra") or args.extra)]
     # a serving case's baseline runs with it
@@ -105,49 +137,25 @@ def run(args):
     # The fastattn children import the in-place build of this checkout unless
     # --installed asks for the one on sys.path.
     path = () if args.installed else (REPO,)
-    available = {lib: H.library_available(lib) for lib in ("torch", "numpy", "scipy")}
+    available = {lib: H.library_available(lib) for lib in ("torch", "numpy", "scipy") + P.PEERS}
     fa_error = H.import_error("from fastattn import attention, softmax, set_num_threads", path)
     available["fastattn"] = fa_error is None
     for lib, ok in available.items():
-        if not ok:
+        if not ok and (lib not in P.PEERS or lib in args.peers):
             log(f"{lib} is not importable" + (f" ({fa_error})" if lib == "fastattn" else "")
                 + ": its column stays empty")
     results = {"machine": machine_info(), "threads": args.threads, "repeats": args.repeats,
-               "min_time": args.min_time, "available": available, "ceilings": [], "cases": [],
-               "loadavg_start": _loadavg()}
+               "min_time": args.min_time, "available": available, "peers": list(args.peers),
+               "ceilings": [], "cases": [], "loadavg_start": _loadavg()}
+    read_bytes = sorted({n for n in map(ceiling_bytes, cases) if n})
+    dump_dir = tempfile.mkdtemp(prefix="fastattn-compare-")
+    try:
+        _run_cases(args, cases, path, available, results, read_bytes, dump_dir)
+    finally:
+        shutil.rmtree(dump_dir, ignore_errors=True)
 
     # The ceilings are measured `repeats` times spread over the run (the box's
     # load changes while it runs); the table uses the best of them.
-    ceiling_before = {round(i * len(cases) / args.repeats) for i in range(args.repeats)}
-    for ci, case in enumerate(cases):
-        if ci in ceiling_before:
-            log(f"[ceilings] {len(results['ceilings']) + 1}/{len(ceiling_before)} ...")
-            r = H.run_child("ceilings", None, args.threads, min_time=args.min_time)
-            if "error" in r:
-                log(f"  ceilings failed: {r['error']}")
-            else:
-                log(f"  matmul {r['matmul_gflops']:.0f} GFLOP/s, read {r['read_gbs']:.1f} GB/s "
-                    f"(np.sum alone {r['read_sum_gbs']:.1f})")
-            results["ceilings"].append(r)
-        skip = numpy_skip_reason(case, args)
-        libs = [lib for lib in libraries_for(case, skip is not None) if available[lib]]
-        runs = {lib: [] for lib in libs}
-        for rep in range(args.repeats):
-            order = libs[rep % len(libs):] + libs[:rep % len(libs)]   # rotate per repeat
-            for lib in order:
-                log(f"[{ci + 1}/{len(cases)}] {case['id']} {lib} (repeat {rep + 1}/{args.repeats}) ...")
-                r = H.run_child(lib, case, args.threads, min_time=args.min_time,
-                                pythonpath=path, timeout=args.timeout)
-                if "error" in r:
-                    log(f"  failed: {r['error']}")
-                else:
-                    err = f", max err {r['max_err']:.1e}" if r.get("max_err") is not None else ""
-                    mem = (f", extra memory {r['extra_bytes'] / 2**20:.1f} MiB"
-                           if r.get("extra_bytes") is not None else "")
-                    log(f"  {H.fmt_time(r['seconds'])}{err}{mem}")
-                runs[lib].append(r)
-        results["cases"].append({"case": case, "describe": H.describe(case), "numpy_skipped": skip,
-                                 "runs": runs})
     # Thread scaling of prefill (and of the one-head backward when it runs): 1
     # thread against --threads, in alternating processes, the ratio taken pair
     # by pair (the box's speed drifts).
@@ -159,6 +167,59 @@ def run(args):
     return results
 
 
+def _run_cases(args, cases, path, available, results, read_bytes, dump_dir):
+    # The ceilings are measured `repeats` times spread over the run (the box's
+    # load changes while it runs); the table uses the best of them.
+    ceiling_before = {round(i * len(cases) / args.repeats) for i in range(args.repeats)}
+    for ci, case in enumerate(cases):
+        if ci in ceiling_before:
+            results["ceilings"].append(_measure_ceilings(args, path, read_bytes, len(results["ceilings"]),
+                                                         len(ceiling_before)))
+        skip = numpy_skip_reason(case, args)
+        peers, no_peer = peers_for(case, args, available)
+        libs = [lib for lib in libraries_for(case, skip is not None) if available[lib]] + peers
+        runs = {lib: [] for lib in libs}
+        dumps = {}
+        for rep in range(args.repeats):
+            order = libs[rep % len(libs):] + libs[:rep % len(libs)]   # rotate per repeat
+            for lib in order:
+                log(f"[{ci + 1}/{len(cases)}] {case['id']} {lib} (repeat {rep + 1}/{args.repeats}) ...")
+                dump = os.path.join(dump_dir, f"{ci}-{lib}.npy") if rep == 0 else None
+                r = P.run_child(lib, case, args.threads, min_time=args.min_time,
+                                pythonpath=path, timeout=args.timeout, dump=dump)
+                if "error" in r:
+                    log(f"  failed: {r['error']}")
+                else:
+                    dumps.setdefault(lib, dump)
+                    err = f", max err {r['max_err']:.1e}" if r.get("max_err") is not None else ""
+                    mem = (f", extra memory {r['extra_bytes'] / 2**20:.1f} MiB"
+                           if r.get("extra_bytes") is not None else "")
+                    log(f"  {H.fmt_time(r['seconds'])}{err}{mem}")
+                runs[lib].append(r)
+        # every output against fastattn's on the same inputs (the slice of the float64 check)
+        vs_fa = {lib: P.max_diff(d, dumps.get("fastattn")) for lib, d in dumps.items() if lib != "fastattn"}
+        results["cases"].append({"case": case, "describe": H.describe(case), "numpy_skipped": skip,
+                                 "runs": runs, "unsupported": no_peer,
+                                 "vs_fastattn": {k: v for k, v in vs_fa.items() if v is not None}})
+
+
+def _measure_ceilings(args, path, read_bytes, i, n):
+    log(f"[ceilings] {i + 1}/{n} ...")
+    r = P.run_child("ceilings", {"read_bytes": read_bytes}, args.threads, min_time=args.min_time,
+                    pythonpath=path, timeout=args.timeout)
+    if "error" in r:
+        log(f"  ceilings failed: {r['error']}")
+        return r
+    log(f"  NumPy: matmul {r['matmul_gflops']:.0f} GFLOP/s, read {r['read_gbs']:.1f} GB/s "
+        f"(np.sum alone {r['read_sum_gbs']:.1f})")
+    if r.get("compiled_error"):
+        log(f"  no compiled ceilings (fastattn not importable: {r['compiled_error']})")
+    elif r.get("fma_gflops"):
+        reads = ", ".join(f"{int(k) / 2**20:.1f} MiB {v:.1f}" for k, v in r.get("read_ceiling_gbs", {}).items())
+        log(f"  {r['variant']}: FMA peak {r['fma_gflops']:.0f} GFLOP/s (float64 {r['fma_f64_gflops']:.0f}"
+            + (f", bfloat16 dots {r['bf16_dot_gflops']:.0f}" if r.get("bf16_dot_gflops") else "")
+            + f"); read GB/s: {reads or '(no memory-bound case)'}")
+    return r
 def _scaling_pairs(case, args, path):
     pairs = []
     for rep in range(args.repeats):
@@ -198,10 +259,35 @@ def _paired_ratio(num_runs, den_runs):
     return H._median(ratios) if ratios else None
 
 
+def best_ceilings(readings):
+    """The best of each ceiling over the run's readings (None where never measured):
+    NumPy's matmul_gflops and read_gbs, the compiled fma_gflops, fma_f64_gflops,
+    bf16_dot_gflops and read_ceiling_gbs ({bytes: GB/s})."""
+    ceil = {k: max((r[k] for r in readings if r.get(k)), default=None)
+            for k in ("matmul_gflops", "read_gbs", "fma_gflops", "fma_f64_gflops", "bf16_dot_gflops")}
+    reads = {}
+    for r in readings:
+        for n, gbs in (r.get("read_ceiling_gbs") or {}).items():
+            reads[int(n)] = max(reads.get(int(n), 0.0), gbs)
+    ceil["read_ceiling_gbs"] = reads
+    return ceil
+
+
+def compute_peak(case, ceil):
+    """The GFLOP/s ceiling of a case: the float64 FMA peak for float64, the faster of
+    the float32 FMA and the bfloat16 pair-dot peak where q and k are bfloat16 (each
+    flop runs on one or the other: the faster bounds both), else the float32 FMA peak."""
+    if case["dtype"] == "float64":
+        return ceil.get("fma_f64_gflops")
+    peak = ceil.get("fma_gflops")
+    if case.get("kv_dtype") == "bfloat16" and case.get("q_dtype") == "bfloat16" and ceil.get("bf16_dot_gflops"):
+        peak = max(peak or 0.0, ceil["bf16_dot_gflops"])
+    return peak
+
+
 def summarize(results):
     """Per case: median seconds per library and the derived rates."""
-    ceil = {k: max((r[k] for r in results["ceilings"] if k in r), default=None)
-            for k in ("matmul_gflops", "read_gbs")}
+    ceil = best_ceilings(results["ceilings"])
     rows = []
     for entry in results["cases"]:
         case, runs = entry["case"], entry["runs"]
@@ -215,18 +301,26 @@ def summarize(results):
                "numpy_skipped": entry["numpy_skipped"],
                "rms_err": {lib: _median_of(rs, "rms_err") for lib, rs in runs.items()}}
         row["paired"] = _paired_ratio(runs.get("torch"), runs.get("fastattn"))
+        row["unsupported"] = entry.get("unsupported", {})
+        row["vs_fastattn"] = entry.get("vs_fastattn", {})
         fa = t.get("fastattn")
+        row["ratios"] = {lib: t[lib] / fa for lib in t if lib != "fastattn" and t[lib] and fa}
         if case["kind"] in ("attention",) + H.SERVING_KINDS:
-            flops = H.attention_flops(case)
-            row["gflops"] = flops / fa / 1e9 if fa else None
-            row["pct_matmul"] = 100 * row["gflops"] / ceil["matmul_gflops"] if fa and ceil["matmul_gflops"] else None
-            if case.get("decode"):
-                row["gbs"] = H.kv_bytes(case) / fa / 1e9 if fa else None
-        else:  # softmax: read once, write once
-            row["gbs"] = 2 * case["rows"] * case["cols"] * 4 / fa / 1e9 if fa else None
-        if row.get("gbs") is not None and ceil["read_gbs"]:
-            row["pct_bw"] = 100 * row["gbs"] / ceil["read_gbs"]
+            row["gflops"] = H.attention_flops(case) / fa / 1e9 if fa else None
+            peak = compute_peak(case, ceil)
+            row["pct_peak"] = 100 * row["gflops"] / peak if fa and peak else None
+        nbytes = ceiling_bytes(case)
+        if nbytes and fa:
+            row["gbs"] = nbytes / fa / 1e9
+            read = ceil["read_ceiling_gbs"].get(nbytes)
+            row["pct_bw"] = 100 * row["gbs"] / read if read else None
         rows.append(row)
+    by_id = {r["id"]: r for r in rows}
+    for r in rows:            # a serving case against fastattn's own baseline (its own case)
+        base = by_id.get(r["case"].get("baseline"))
+        bt, fa = base and base["t"].get("fastattn"), r["t"].get("fastattn")
+        if bt and fa:
+            r["ratios"]["baseline"] = bt / fa
     return ceil, rows
 
 
@@ -261,6 +355,11 @@ def print_report(results, ceil, rows, out=None):
                    if r.get("version")), None)
     p(f"- numpy {m['numpy']}, scipy {m['scipy'] or 'not installed'}, "
       f"torch {m['torch'] or 'not installed (torch column empty)'}, fastattn {fa_ver or 'not importable'}")
+    peers = [lib for lib in results.get("peers", []) if avail.get(lib)]
+    if results.get("peers"):
+        p("- peers: " + ", ".join(f"{P.LABELS[lib]} {m.get(lib) or '?'}" if avail.get(lib)
+                                  else f"{P.LABELS[lib]} not importable" for lib in results["peers"])
+          + " (bench/peers.py: each in its own process, same threads)")
     cfg = next((r.get("config") for e in results["cases"] for r in e["runs"].get("fastattn", [])
                 if r.get("config")), None)
     if cfg:
@@ -271,18 +370,24 @@ def print_report(results, ceil, rows, out=None):
         p(f"- load average (1 min) before / after the run: {start:.2f} / {_fmt(end, '.2f')}"
           + (" — other work was running: absolute times are noisy, trust the ratios more"
              if busy else ""))
-    p(f"- ceilings, best of {len(results['ceilings'])} spread over the run: "
-      f"float32 matmul 2048³ {_fmt(ceil['matmul_gflops'], '.0f')} GFLOP/s, "
-      f"read bandwidth {_fmt(ceil['read_gbs'], '.1f')} GB/s (256 MiB float32, faster of np.max and "
+    variant = next((r.get("variant") for r in results["ceilings"] if r.get("variant")), None)
+    p(f"- ceilings, best of {len(results['ceilings'])} readings spread over the run, {results['threads']} "
+      f"thread(s), fastattn's compiled loops ({variant or 'not measured'}): FMA peak "
+      f"{_fmt(ceil['fma_gflops'], '.0f')} GFLOP/s float32, {_fmt(ceil['fma_f64_gflops'], '.0f')} float64"
+      + (f", {ceil['bf16_dot_gflops']:.0f} bfloat16 pair dots" if ceil.get("bf16_dot_gflops") else "")
+      + "; read " + (", ".join(f"{n / 2**20:.1f} MiB {g:.1f} GB/s" for n, g in sorted(ceil["read_ceiling_gbs"].items()))
+                     or "—"))
+    p(f"- NumPy beside them: float32 matmul 2048³ {_fmt(ceil['matmul_gflops'], '.0f')} GFLOP/s, "
+      f"reductions {_fmt(ceil['read_gbs'], '.1f')} GB/s (256 MiB float32, faster of np.max and "
       f"np.sum, one chunk per thread)")
     mm = sorted(r["matmul_gflops"] for r in results["ceilings"] if r.get("matmul_gflops"))
     if len(mm) > 1:
         # the percentages use the best reading; the median says how far the box moved
         p(f"- matmul ceiling readings: {mm[0]:.0f}-{mm[-1]:.0f} GFLOP/s, median "
-          f"{mm[len(mm) // 2]:.0f} (the % columns divide by the best)")
+          f"{mm[len(mm) // 2]:.0f}")
     p("")
     p("| case | shape | fastattn | torch | numpy | torch / fastattn | paired | numpy / fastattn "
-      "| fastattn GFLOP/s | % matmul | GB/s | % read bw | max err fastattn |")
+      "| fastattn GFLOP/s | % FMA peak | GB/s | % read ceiling | max err fastattn |")
     p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     notes = []
     for r in rows:
@@ -297,7 +402,7 @@ def print_report(results, ceil, rows, out=None):
           f"{_fmt(tt / fa if tt and fa else None, '.2f', '×')} | "
           f"{_fmt(r.get('paired'), '.2f', '×')} | "
           f"{_fmt(nn / fa if nn and fa else None, '.1f', '×')} | "
-          f"{_fmt(r.get('gflops'), '.1f')} | {_fmt(r.get('pct_matmul'), '.0f', '%')} | "
+          f"{_fmt(r.get('gflops'), '.1f')} | {_fmt(r.get('pct_peak'), '.0f', '%')} | "
           f"{_fmt(r.get('gbs'), '.1f')} | {_fmt(r.get('pct_bw'), '.0f', '%')} | "
           f"{_fmt(r['max_err'].get('fastattn'), '.1e')} |")
         if r["case"].get("note"):
@@ -306,6 +411,12 @@ def print_report(results, ceil, rows, out=None):
             notes.append(f"{r['id']}: {r['numpy_skipped']}")
         for lib, e in r["errors"].items():
             notes.append(f"{r['id']}: {lib} failed: {e}")
+        for key in ("pct_peak", "pct_bw"):
+            if (r.get(key) or 0) > 100:
+                notes.append(f"{r['id']}: {r[key]:.0f} % of a ceiling: that ceiling reading is wrong "
+                             "(measured while the box was busy?) -- rerun on a quiet machine")
+    if results.get("peers"):
+        notes += _print_peers(results, rows, peers, p)
     for key, what in (("scaling", "prefill"), ("scaling_bwd_1head", "bwd-1head")):
         pairs = results.get(key)
         if pairs:
@@ -329,7 +440,7 @@ def print_report(results, ceil, rows, out=None):
     if twins:
         p("\nStorage types against fastattn's own float32 on the same shape (bandwidth counted in "
           "stored bytes):\n")
-        p("| case | stored as | fastattn | float32 twin | twin / case | GB/s stored | % read bw |")
+        p("| case | stored as | fastattn | float32 twin | twin / case | GB/s stored | % read ceiling |")
         p("|---|---|---:|---:|---:|---:|---:|")
         for r in twins:
             twin = by_id.get(r["case"]["twin"])
@@ -363,49 +474,90 @@ def print_report(results, ceil, rows, out=None):
             p(f"| {r['id']} | " + " | ".join(cells) + " |")
     p("\nFLOPs = 2·(Dk+Dv)·H·(visible query-key pairs): half for causal, the window band for "
       "window, valid keys for kv_lengths; a random mask counts every pair. GB/s: K+V read once "
-      "(decode cases), read+write (softmax). max err: largest |fastattn − float64| on a slice. "
-      "paired: median over repeats of torch / fastattn of the two processes of one repeat.")
+      "(decode cases), read+write (softmax). % FMA peak: of the compiled FMA loop of the case's "
+      "compute type; % read ceiling: of the compiled read loop over the same bytes. max err: largest "
+      "|fastattn − float64| on a slice. paired: median over repeats of torch / fastattn of the two "
+      "processes of one repeat.")
     for n in notes:
         p(f"- {n}")
 
 
+# below this |peer - float64| a peer is right (the check is on the case's output dtype)
+_WRONG_AT = {"float64": 1e-9, "float32": 1e-4, "float16": 1e-2, "bfloat16": 8e-2, "int8": 1e-4}
+
+
+def peer_is_wrong(row, lib):
+    """True when ``lib``'s output on the row's case is far from float64: its times
+    compare nothing (a peer that computes something else is not a comparison)."""
+    err = row["max_err"].get(lib)
+    case = row["case"]
+    dtype = case.get("q_dtype") or case["dtype"]
+    if case.get("kv_dtype") in ("float16", "bfloat16"):
+        dtype = case["kv_dtype"]
+    fa = row["max_err"].get("fastattn") or 0.0
+    return err is not None and err > max(_WRONG_AT.get(dtype, 1e-4), 20 * fa)
+
+
+def _peer_cell(row, lib, avail):
+    if not avail.get(lib):
+        return "not importable"
+    if lib in row["unsupported"]:
+        return "--"
+    if lib in row["errors"] and row["t"].get(lib) is None:
+        return "failed"
+    t, ratio = row["t"].get(lib), row["ratios"].get(lib)
+    if t is None:
+        return "—"
+    flag = " (!)" if peer_is_wrong(row, lib) else ""
+    return f"{H.fmt_time(t)} ({ratio:.2f}×){flag}" if ratio else H.fmt_time(t) + flag
+
+
+def _print_peers(results, rows, peers, p):
+    """The peers table (time and peer time / fastattn time), their agreement with
+    fastattn and float64; returns notes (reasons for "--", wrong peers)."""
+    avail = results["available"]
+    libs = ["torch"] + list(results["peers"])
+    names = [P.LABELS[lib] for lib in libs]
+    p("\nEvery peer beside fastattn (time, and in brackets peer time / fastattn time: above 1, "
+      "fastattn is faster; --: the peer cannot express the case, see the notes):\n")
+    p("| case | fastattn | " + " | ".join(names) + " | fastest peer / fastattn |")
+    p("|---|---:|" + "---:|" * len(libs) + "---:|")
+    notes = []
+    reasons = {}
+    for r in rows:
+        right = [r["ratios"][lib] for lib in libs if lib in r["ratios"] and not peer_is_wrong(r, lib)]
+        p(f"| {r['id']} | {_time_cell(r, 'fastattn', avail)} | "
+          + " | ".join(_peer_cell(r, lib, avail) for lib in libs)
+          + f" | {_fmt(min(right) if right else None, '.2f', '×')} |")
+        for lib, why in r["unsupported"].items():
+            if why != "not importable":
+                reasons.setdefault((lib, why), []).append(r["id"])
+        for lib in libs:
+            if lib in r["t"] and peer_is_wrong(r, lib):
+                notes.append(f"{r['id']}: {P.LABELS[lib]} is wrong (max |out − float64| "
+                             f"{r['max_err'][lib]:.1e}): its time compares nothing")
+    for (lib, why), ids in reasons.items():
+        notes.append(f"{P.LABELS[lib]} -- on {', '.join(ids)}: {why}")
+    checked = [r for r in rows if r["vs_fastattn"]]
+    if checked:
+        p("\nAgreement: max |peer − fastattn| on the checked slice of the same inputs (max |peer − "
+          "float64| in brackets; fastattn's own in the first column):\n")
+        p("| case | fastattn − float64 | " + " | ".join(names) + " |")
+        p("|---|---:|" + "---:|" * len(libs))
+        for r in checked:
+            cells = []
+            for lib in libs:
+                d, e = r["vs_fastattn"].get(lib), r["max_err"].get(lib)
+                cells.append("—" if d is None else f"{d:.1e} ({_fmt(e, '.1e')})"
+                             + (" (!)" if peer_is_wrong(r, lib) else ""))
+            p(f"| {r['id']} | {_fmt(r['max_err'].get('fastattn'), '.1e')} | " + " | ".join(cells) + " |")
+    return notes
+
+
 def plot(results, rows, ceil, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        sys.exit("--plot needs matplotlib (pip install matplotlib, or the 'plot' extra); "
-                 "the table above is complete without it")
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
-    ids = [r["id"] for r in rows]
-    x = range(len(rows))
-    width = 0.38
-    for i, (lib, col) in enumerate((("torch", "tab:orange"), ("numpy", "tab:green"))):
-        vals = []
-        for r in rows:
-            other = r["t"].get("scipy" if lib == "numpy" and r["case"]["kind"] == "softmax" else lib)
-            fa = r["t"].get("fastattn")
-            vals.append(other / fa if other and fa else 0)
-        ax1.bar([xi + (i - 0.5) * width for xi in x], vals, width, label=f"{lib} time / fastattn time",
-                color=col)
-    ax1.axhline(1.0, color="k", lw=1)
-    ax1.set_yscale("log")
-    ax1.set_xticks(list(x))
-    ax1.set_xticklabels(ids, rotation=45, ha="right")
-    ax1.set_ylabel("speed-up of fastattn (>1: fastattn faster)")
-    ax1.legend()
-    eff = [r.get("pct_bw") if r["case"].get("decode") or r["case"]["kind"] == "softmax"
-           else r.get("pct_matmul") for r in rows]
-    ax2.bar(list(x), [e or 0 for e in eff], color="tab:blue")
-    ax2.set_xticks(list(x))
-    ax2.set_xticklabels(ids, rotation=45, ha="right")
-    ax2.set_ylabel("fastattn, % of ceiling (matmul GFLOP/s; read GB/s for decode/softmax)")
-    fig.suptitle(f"fastattn, {results['threads']} thread(s), {results['machine']['cpu']}; "
-                 f"matmul {_fmt(ceil['matmul_gflops'], '.0f')} GFLOP/s, "
-                 f"read {_fmt(ceil['read_gbs'], '.1f')} GB/s")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    """Draw the run (bench/compare_plot.py: panels by family, every peer's ratio)."""
+    _load("fastattn_compare_plot", os.path.join(HERE, "compare_plot.py")).plot(results, rows, ceil, path,
+                                                                             wrong=peer_is_wrong)
     log(f"plot written to {path}")
 
 
@@ -427,6 +579,10 @@ def parse_args(argv=None):
                     help="skip the numpy baseline when it needs more memory (default 4)")
     ap.add_argument("--skip-slow-numpy", action="store_true",
                     help="skip the numpy baseline on the big cases (long, decode-1head, memory, window)")
+    ap.add_argument("--peers", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                    help=f"comma-separated peers beside torch and numpy (default: {','.join(P.PEERS)}, "
+                         "each when importable)")
+    ap.add_argument("--no-peers", action="store_true", help="torch and numpy only")
     ap.add_argument("--installed", action="store_true",
                     help="benchmark the fastattn on sys.path instead of this checkout's in-place build")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per child process")
@@ -441,12 +597,20 @@ def parse_args(argv=None):
                                       ("--extra", args.extra), ("--all", args.all), ("--quick", args.quick),
                                       ("--repeats", args.repeats), ("--min-time", args.min_time),
                                       ("--installed", args.installed), ("--json", args.json),
+                                      ("--peers", args.peers), ("--no-peers", args.no_peers),
                                       ("--skip-slow-numpy", args.skip_slow_numpy))
                  if val not in (None, False)]
         if given:
             ap.error(f"--from-json reprints a saved run; it takes no {', '.join(given)}")
     if args.threads is None:
         args.threads = 2
+    if args.peers is not None:
+        unknown = sorted(set(args.peers) - set(P.PEERS))
+        if unknown:
+            ap.error(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(P.PEERS)}")
+        if args.no_peers:
+            ap.error("--peers and --no-peers contradict each other")
+    args.peers = [] if args.no_peers else list(args.peers if args.peers is not None else P.PEERS)
     if args.cases:
         unknown = sorted(set(args.cases) - set(CASE_IDS))
         if unknown:
