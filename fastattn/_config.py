@@ -117,6 +117,15 @@ def get_config() -> Dict[str, Any]:
     disp, disp_err = _try(_import, "fastattn._dispatch")
     if disp is not None:
         cfg["variant"] = getattr(disp, "VARIANT", None)
+        try:
+            from . import _variants
+            table = {v.name: v for v in _variants.variants_for(None if disp.ARCH == "other" else disp.ARCH)}
+            cfg["variant_description"] = table[cfg["variant"]].description
+            cfg["variants_not_automatic"] = {
+                v.name: "chosen automatically only on " + ", ".join(v.auto_vendors) + " CPUs"
+                for v in table.values() if v.auto_vendors}
+        except Exception as exc:   # show_config must never fail
+            cfg["variant_description"] = f"unknown ({type(exc).__name__}: {exc})"
         avail = None
         if hasattr(disp, "available_variants"):
             avail, err = _try(disp.available_variants)
@@ -199,6 +208,10 @@ def _format(cfg: Dict[str, Any]) -> str:
     add(f"  variant in use      : {cfg['variant']}")
     add(f"  built variants      : {_fmt_list(cfg.get('available_variants'))}")
     add(f"  CPU can run         : {_fmt_list(cfg.get('cpu_supported_variants'))}")
+    if cfg.get("variant_description"):
+        add(f"  variant             : {cfg['variant_description']}")
+    for name, why in (cfg.get("variants_not_automatic") or {}).items():
+        add(f"  {name:<20}: {why} (FASTATTN_ISA={name} forces it)")
     add(f"  FASTATTN_ISA        : {cfg['FASTATTN_ISA'] or '(not set)'}")
     add(f"  helper module       : {cfg['cpu_module']}")
     add(f"CPU features          : {_fmt_features(cfg['cpu_features'])}")

@@ -111,9 +111,10 @@ def test_version_matches_metadata():
 
 
 def test_compiled_modules_shipped():
-    names = ["fastattn._kernels._cpu", "fastattn._kernels._attn_baseline"]
-    if platform.machine().lower() in ("x86_64", "amd64"):
-        names += ["fastattn._kernels._attn_avx2", "fastattn._kernels._attn_avx512"]
+    from fastattn import _variants
+
+    arch = _variants.arch_of(platform.machine())
+    names = ["fastattn._kernels._cpu"] + [f"fastattn._kernels._attn_{v.name}" for v in _variants.variants_for(arch)]
     missing = [n for n in names if importlib.util.find_spec(n) is None]
     assert not missing, f"compiled modules missing: {missing}"
     import fastattn._kernels._cpu as cpu   # baseline-compiled: imports on any CPU

@@ -140,10 +140,18 @@ with zipfile.ZipFile(path) as z:
     names = [i.filename for i in infos]
 need = ["fastattn/__init__.py", "fastattn/py.typed", "fastattn/__init__.pyi",
         "fastattn/_threads.py", "fastattn/_config.py"]
-mods = ["_cpu", "_attn_baseline"]
-if platform.machine().lower() in ("x86_64", "amd64"):
-    mods += ["_attn_avx2", "_attn_avx512"]
+need.append("fastattn/_variants.py")
 missing = [n for n in need if n not in names]
+# every variant of the wheel's architecture, from the variant table the wheel ships
+table = {}
+if "fastattn/_variants.py" in names:
+    with zipfile.ZipFile(path) as z:
+        exec(compile(z.read("fastattn/_variants.py"), "_variants.py", "exec"), table)
+tag = path.rsplit("-", 1)[-1]                     # ..._x86_64.whl / ..._aarch64.whl
+plat = tag[:-4].split(".")[0]
+aliases = table.get("_ARCH_ALIASES", {})
+arch = next((aliases[m] for m in sorted(aliases, key=len, reverse=True) if plat.endswith(m)), None)
+mods = ["_cpu"] + ["_attn_" + v.name for v in (table["variants_for"](arch) if table else ())]
 missing += [m for m in mods if not any(n.startswith(f"fastattn/_kernels/{m}.") for n in names)]
 if sys.platform.startswith("linux") and not any("libgomp" in n for n in names):
     missing.append("bundled libgomp (fastattn.libs/libgomp-*.so*)")

@@ -1,6 +1,6 @@
-# The kernel module shared by every ISA variant: _attn_baseline.pyx, _attn_avx2.pyx
-# and _attn_avx512.pyx include this file, and setup.py compiles each with its own
-# -march flags.  One job per part; README.md in this directory draws the map.
+# The kernel module shared by every variant: setup.py writes one _attn_<name>.pyx per
+# entry of fastattn/_variants.py that includes this file, and compiles each with its
+# own target header and -march flags.  One job per part; README.md in this directory draws the map.
 include "declarations.pxi"
 include "plan.pxi"
 include "typed_kernels.pxi"

@@ -1,3 +1,0 @@
-# cython: language_level=3
-"""fastattn kernels compiled for the baseline instruction set (see setup.py)."""
-include "_attn_body.pxi"
