@@ -1,5 +1,5 @@
 /* A QEMU TCG plugin (plugin API version 1, QEMU 7.x user mode) that counts the
- * guest instructions executed: tools/arm/qemu_insns.sh builds it and runs a
+ * guest instructions executed: tools/arm/insn_report.py builds it and runs a
  * Python command under qemu with it, to compare instructions per FLOP of whole
  * kernel calls across instruction sets (docs/performance.rst).  Only the few
  * plugin API declarations it uses are written out here (QEMU installs no plugin
