@@ -110,8 +110,15 @@ static inline FA_T FA_SSFX(fa_dot)(const FA_T *a, const FA_S *b, int64_t n)
     for (; d + FA_W <= n; d += FA_W) acc[0] += FA_SFX(fa_load)(a + d) * FA_SSFX(fa_load_s)(b + d);
     FA_T s = 0;
     for (; d < n; d++) s += a[d] * FA_SSFX(fa_scalar_s)(b[d]);
-    FA_UNROLL for (int h = FA_DOT_ACCS / 2; h >= 1; h /= 2)
-        FA_UNROLL for (int u = 0; u < h; u++) acc[u] += acc[u + h];
+#if FA_DOT_ACCS >= 8
+    FA_UNROLL for (int u = 0; u < 4; u++) acc[u] += acc[u + 4];
+#endif
+#if FA_DOT_ACCS >= 4
+    FA_UNROLL for (int u = 0; u < 2; u++) acc[u] += acc[u + 2];
+#endif
+#if FA_DOT_ACCS >= 2
+    acc[0] += acc[1];
+#endif
     return s + FA_SFX(fa_hsum)(acc[0]);
 }
 
