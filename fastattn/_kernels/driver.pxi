@@ -4,6 +4,24 @@
 
 cdef extern from *:
     """
+    #ifdef _WIN32
+    /* Windows: MinGW-w64's default CRT (msvcrt) declares no timespec_get; the
+       performance counter is monotonic and in every Windows CRT's kernel32 */
+    #ifndef WIN32_LEAN_AND_MEAN
+    #define WIN32_LEAN_AND_MEAN
+    #endif
+    #ifndef NOMINMAX
+    #define NOMINMAX
+    #endif
+    #include <windows.h>
+    static double fa_seconds(void)
+    {
+        LARGE_INTEGER f, c;
+        QueryPerformanceFrequency(&f);
+        QueryPerformanceCounter(&c);
+        return (double)c.QuadPart / (double)f.QuadPart;
+    }
+    #else
     #include <time.h>
     /* a monotonic-enough clock in seconds for the interrupt checks (C11) */
     static double fa_seconds(void)
@@ -12,6 +30,7 @@ cdef extern from *:
         timespec_get(&t, TIME_UTC);
         return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
     }
+    #endif
     """
     double fa_seconds() nogil
     # declared without an exception clause: a KeyboardInterrupt it raises stays

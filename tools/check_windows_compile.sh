@@ -1,0 +1,241 @@
+#!/usr/bin/env bash
+# Compile fastattn's extension modules for a Windows x86-64 target, on Linux: the nearest
+# check of a Windows build that this machine allows (nothing is linked or run).
+#
+#   1. the tracked kernel sources are copied to a temp dir, one _attn_<name>.pyx stub is
+#      written per x86-64 variant of fastattn/_variants.py (as setup.py writes them) and
+#      every module (_cpu + the variants) is cythonized with the host's Cython;
+#   2. each generated C file is compiled (-c, no link) for x86_64 Windows with
+#        mingw:  x86_64-w64-mingw32-gcc (Debian's MinGW-w64 GCC 12, its libgomp omp.h)
+#        clang:  clang --target=x86_64-w64-windows-gnu (Debian's clang, MinGW-w64 headers)
+#      with the flags setup.py gives that compiler kind (-O3 -fno-math-errno
+#      -fno-trapping-math, -ffp-contract=fast for GCC / =on for clang, the variant's
+#      -march flags, -fopenmp, FA_ISA_HEADER / FA_VARIANT / FASTATTN_HAVE_OPENMP=1), and
+#      -Werror=implicit-function-declaration, so a POSIX-only function without a
+#      declaration in the Windows headers fails the compile;
+#   3. the objects' undefined symbols (x86_64-w64-mingw32-nm -u) are searched for
+#      POSIX-only names (pthread_*, sched_getaffinity, clock_gettime, posix_memalign,
+#      aligned_alloc, sysconf, ...): MinGW's winpthreads would hide a pthread call from
+#      step 2, and clang-cl / MSVC's CRT has none of them.
+#
+# Python's headers for Windows: CPython's Windows pyconfig.h is not on any registry this
+# machine reaches, so the host's Python include directory is copied and its pyconfig.h
+# replaced by a small Windows one written below (LLP64 sizes, MS_WINDOWS / MS_WIN64,
+# Py_ENABLE_SHARED: the values of CPython's PC/pyconfig.h that the headers read). numpy's
+# headers are the host's with their generated _numpyconfig.h given win_amd64 values.
+# No python3XY.lib is to be had here, so a .pyd is not linked.
+#
+# Usage: tools/check_windows_compile.sh
+# Environment:
+#   WIN_COMPILERS="mingw clang"   which compilers to run (default both)
+#   WIN_VARIANTS="avx2 baseline"  which x86-64 variants (default: all of fastattn/_variants.py)
+#   WIN_OPT=-O3                   optimisation level (-O1 is ~3x faster, for a quick look)
+#   JOBS=2                        parallel compiles
+#   KEEP_WORK=1                   keep the temporary directory
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+JOBS="${JOBS:-2}"
+OPT="${WIN_OPT:--O3}"
+COMPILERS="${WIN_COMPILERS:-mingw clang}"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/fastattn-wincheck.XXXXXX")"
+T0=$SECONDS
+cleanup() {
+    local rc=$?
+    if [[ "${KEEP_WORK:-0}" == 1 || $rc -ne 0 ]]; then echo "work directory kept: $WORK" >&2
+    else rm -rf "$WORK"; fi
+    [[ $rc -eq 0 ]] || echo "check_windows_compile.sh: FAILED (exit $rc) after $((SECONDS - T0))s" >&2
+}
+trap cleanup EXIT
+
+need() { command -v "$1" >/dev/null || { echo "missing: $1 ($2)" >&2; exit 2; }; }
+need x86_64-w64-mingw32-gcc "apt-get install gcc-mingw-w64-x86-64 mingw-w64-x86-64-dev"
+need x86_64-w64-mingw32-nm "apt-get install binutils-mingw-w64-x86-64"
+[[ " $COMPILERS " != *" clang "* ]] || need clang "apt-get install clang libomp-dev"
+
+# -- 1. sources, stubs, cythonize ------------------------------------------------------
+cd "$ROOT"
+mkdir -p "$WORK/src"
+git ls-files -z fastattn/_kernels fastattn/_variants.py | xargs -0 cp --parents -t "$WORK/src"
+K="$WORK/src/fastattn/_kernels"
+
+# the variant table: "name|header|flags" per x86-64 variant; stubs written as setup.py does
+"$PY" - "$WORK/src" "${WIN_VARIANTS:-}" >"$WORK/variants.txt" <<'EOF'
+import importlib.util, os, sys
+src, only = sys.argv[1], sys.argv[2].split()
+spec = importlib.util.spec_from_file_location("v", os.path.join(src, "fastattn", "_variants.py"))
+vt = importlib.util.module_from_spec(spec); spec.loader.exec_module(vt)
+table = vt.variants_for(vt.arch_of("win-amd64"))
+unknown = set(only) - {v.name for v in table}
+if unknown:
+    sys.exit(f"WIN_VARIANTS: unknown {sorted(unknown)}; x86_64 has {[v.name for v in table]}")
+for v in table:
+    if only and v.name not in only:
+        continue
+    with open(os.path.join(src, "fastattn", "_kernels", f"_attn_{v.name}.pyx"), "w") as f:
+        f.write(f'# cython: language_level=3\n"""fastattn kernels compiled for the {v.name} variant."""\n'
+                f'include "_attn_body.pxi"\n')
+    print(f"{v.name}|{v.header}|{' '.join(v.flags)}")
+EOF
+mapfile -t VARIANT_LINES <"$WORK/variants.txt"
+MODULES=(_cpu)
+for line in "${VARIANT_LINES[@]}"; do MODULES+=("_attn_${line%%|*}"); done
+echo "== cythonize ${MODULES[*]} (Cython $("$PY" -c 'import Cython; print(Cython.__version__)'))"
+DIRECTIVES="boundscheck=False,wraparound=False,cdivision=True,initializedcheck=False,embedsignature=True"
+printf '%s\n' "${MODULES[@]}" | (cd "$K" && xargs -P "$JOBS" -I{} \
+    "$PY" -m cython -3 -X "$DIRECTIVES" --module-name "fastattn._kernels.{}" -o {}.c {}.pyx)
+
+# -- Python headers for a Windows x64 target ---------------------------------------------
+PYINC_HOST="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+NPINC_HOST="$("$PY" -c 'import numpy; print(numpy.get_include())')"
+cp -r "$PYINC_HOST" "$WORK/pyinc"
+cat >"$WORK/pyinc/pyconfig.h" <<'EOF'
+/* A Windows x64 pyconfig.h for a compile check (tools/check_windows_compile.sh): the
+ * values of CPython's PC/pyconfig.h that Python.h reads, for MinGW-w64 GCC and clang. */
+#ifndef Py_CONFIG_H
+#define Py_CONFIG_H
+#if !defined(_WIN64)
+#  error "this pyconfig.h is for 64-bit Windows targets only"
+#endif
+#include <io.h>
+#include <float.h>
+#include <basetsd.h>
+#define MS_WIN32
+#define MS_WIN64
+#define MS_WINDOWS
+#define NT_THREADS
+#define WITH_THREAD
+#define PLATFORM "win32"
+#define COMPILER "[gcc]"
+#define PYD_PLATFORM_TAG "win_amd64"
+#define Py_ENABLE_SHARED 1
+#define MS_COREDLL
+#define HAVE_DECLSPEC_DLL
+#define PY_LONG_LONG long long
+#define PY_LLONG_MIN LLONG_MIN
+#define PY_LLONG_MAX LLONG_MAX
+#define PY_ULLONG_MAX ULLONG_MAX
+/* LLP64: long is 32 bits on Windows */
+#define SIZEOF_SHORT 2
+#define SIZEOF_INT 4
+#define SIZEOF_LONG 4
+#define SIZEOF_LONG_LONG 8
+#define SIZEOF_DOUBLE 8
+#define SIZEOF_FLOAT 4
+#define SIZEOF_VOID_P 8
+#define SIZEOF_SIZE_T 8
+#define SIZEOF_TIME_T 8
+#define SIZEOF_OFF_T 4
+#define SIZEOF_FPOS_T 8
+#define SIZEOF_HKEY 8
+#define SIZEOF_WCHAR_T 2
+#define SIZEOF__BOOL 1
+#define SIZEOF_PID_T SIZEOF_INT
+#define LONG_BIT 32
+#define WORD_BIT 32
+#define HAVE_SSIZE_T 1
+#define HAVE_UINTPTR_T 1
+#define HAVE_INTPTR_T 1
+#define HAVE_LARGEFILE_SUPPORT
+#define HAVE_COPYSIGN 1
+#define HAVE_ROUND 1
+#define HAVE_DECL_ISINF 1
+#define HAVE_DECL_ISNAN 1
+#define HAVE_ERRNO_H 1
+#define HAVE_FCNTL_H 1
+#define HAVE_PROCESS_H 1
+#define HAVE_SIGNAL_H 1
+#define HAVE_STDDEF_H 1
+#define HAVE_SYS_STAT_H 1
+#define HAVE_SYS_TYPES_H 1
+#define HAVE_WCHAR_H 1
+#define HAVE_STDARG_PROTOTYPES
+#define HAVE_DYNAMIC_LOADING
+#define STDC_HEADERS 1
+#define WITH_DOC_STRINGS 1
+#define WITH_PYMALLOC 1
+#define DOUBLE_IS_LITTLE_ENDIAN_IEEE754 1
+#define _PYTHONFRAMEWORK ""
+/* no unistd.h, sys/time.h, pthreads, dlfcn.h: left undefined, as on Windows */
+#endif
+EOF
+
+# numpy: the host's headers, with _numpyconfig.h (generated by numpy's build for its
+# platform) given the values of numpy's win_amd64 wheels (no endian.h, LLP64, 2-byte wchar_t)
+cp -r "$NPINC_HOST" "$WORK/npinc"
+sed -i -e '/NPY_HAVE_ENDIAN_H/d' \
+    -e 's/^#define NPY_SIZEOF_LONG .*/#define NPY_SIZEOF_LONG 4/' \
+    -e 's/^#define NPY_SIZEOF_WCHAR_T .*/#define NPY_SIZEOF_WCHAR_T 2/' \
+    -e 's/^#define NPY_SIZEOF_OFF_T .*/#define NPY_SIZEOF_OFF_T 4/' \
+    -e 's/^#define NPY_SIZEOF_LONGDOUBLE .*/#define NPY_SIZEOF_LONGDOUBLE 8/' \
+    -e 's/^#define NPY_SIZEOF_COMPLEX_LONGDOUBLE .*/#define NPY_SIZEOF_COMPLEX_LONGDOUBLE 16/' \
+    -e 's/^#define NPY_VISIBILITY_HIDDEN .*/#define NPY_VISIBILITY_HIDDEN/' \
+    "$WORK/npinc/numpy/_numpyconfig.h"
+grep -q 'NPY_SIZEOF_LONG 4' "$WORK/npinc/numpy/_numpyconfig.h" || { echo "numpy's _numpyconfig.h: unexpected layout" >&2; exit 2; }
+
+# -- 2. compile for Windows ------------------------------------------------------------
+GNU_BASE=(-c "$OPT" -fno-math-errno -fno-trapping-math -Wno-unused-function -Wno-unreachable-code
+          -fopenmp -DFASTATTN_HAVE_OPENMP=1 -DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION
+          -I"$WORK/pyinc" -I"$WORK/npinc" -I"$K" -Werror=implicit-function-declaration -Werror=implicit-int
+          -Wno-unknown-pragmas)
+declare -A CCMD=(
+    [mingw]="x86_64-w64-mingw32-gcc -ffp-contract=fast"
+    [clang]="clang --target=x86_64-w64-windows-gnu -ffp-contract=on -Wno-unused-command-line-argument"
+)
+JOBLIST="$WORK/jobs.txt"; : >"$JOBLIST"
+for cc in $COMPILERS; do
+    [[ -n "${CCMD[$cc]:-}" ]] || { echo "WIN_COMPILERS: unknown '$cc' (mingw, clang)" >&2; exit 2; }
+    mkdir -p "$WORK/obj/$cc"
+    echo "$cc|_cpu|||" >>"$JOBLIST"
+    for line in "${VARIANT_LINES[@]}"; do
+        IFS='|' read -r name header flags <<<"$line"
+        echo "$cc|_attn_$name|$header|$flags|$name" >>"$JOBLIST"
+    done
+done
+export WORK K OPT
+export CCMD_mingw="${CCMD[mingw]}" CCMD_clang="${CCMD[clang]}" GNU_BASE_STR="${GNU_BASE[*]}"
+compile_one() {
+    IFS='|' read -r cc mod header flags name <<<"$1"
+    local ccvar="CCMD_$cc" defs=()
+    [[ -z "$header" ]] || defs=("-DFA_ISA_HEADER=\"isa/$header\"" "-DFA_VARIANT=\"$name\"")
+    local t=$SECONDS
+    # shellcheck disable=SC2086
+    if ${!ccvar} $GNU_BASE_STR $flags "${defs[@]}" "$K/$mod.c" -o "$WORK/obj/$cc/$mod.o" \
+            >"$WORK/obj/$cc/$mod.log" 2>&1; then
+        echo "   ok   $cc $mod ($((SECONDS - t))s) ${flags:-(baseline flags)}"
+    else
+        echo "   FAIL $cc $mod: $(grep -m3 -E 'error' "$WORK/obj/$cc/$mod.log" || tail -3 "$WORK/obj/$cc/$mod.log")"
+        return 1
+    fi
+}
+export -f compile_one
+echo "== compile for x86_64 Windows ($OPT, $JOBS jobs): $(wc -l <"$JOBLIST") objects"
+for cc in $COMPILERS; do echo "   $cc: $(${CCMD[$cc]%% *} --version | head -1)"; done
+if ! xargs -P "$JOBS" -I{} -d '\n' bash -c 'compile_one "$@"' _ {} <"$JOBLIST"; then
+    echo "some Windows compiles failed (logs in $WORK/obj/*/*.log)" >&2
+    exit 1
+fi
+
+# -- 3. no POSIX-only symbol left ------------------------------------------------------
+POSIX_RE='^(pthread_[a-z_]+|sched_[a-z_]+|clock_gettime|clock_getres|nanosleep|usleep|gettimeofday|posix_memalign|aligned_alloc|memalign|valloc|sysconf|getauxval|mmap|munmap|madvise|getpid|getrlimit|sigaction|dlopen|dlsym|alloca)$'
+bad=0
+for cc in $COMPILERS; do
+    for o in "$WORK"/obj/"$cc"/*.o; do
+        hits=$(x86_64-w64-mingw32-nm -u "$o" | awk '{print $NF}' | grep -E "$POSIX_RE" || true)
+        if [[ -n "$hits" ]]; then
+            echo "   POSIX-only symbols in $cc/$(basename "$o"): $(echo $hits)"; bad=1
+        fi
+    done
+done
+[[ $bad -eq 0 ]] || { echo "unguarded POSIX-only calls (see above)" >&2; exit 1; }
+echo "   no POSIX-only undefined symbol in $(ls "$WORK"/obj/*/*.o | wc -l) objects"
+for cc in $COMPILERS; do   # the parallel loops really were compiled as OpenMP (not silently serial)
+    omp=$(x86_64-w64-mingw32-nm -u "$WORK"/obj/"$cc"/_attn_*.o | awk '{print $NF}' \
+          | grep -cE '^(GOMP_|__kmpc_|omp_)' || true)
+    [[ $omp -gt 0 ]] || { echo "   $cc: no OpenMP runtime call in the kernel objects" >&2; exit 1; }
+    echo "   $cc: $omp OpenMP runtime references ($(x86_64-w64-mingw32-nm -u "$WORK"/obj/"$cc"/_attn_*.o \
+          | awk '{print $NF}' | grep -m1 -E '^(GOMP_|__kmpc_)'), ...)"
+done
+echo "check_windows_compile.sh: OK (${#MODULES[@]} modules x [$COMPILERS], $((SECONDS - T0))s;" \
+     "compiled only: not linked, not run)"
