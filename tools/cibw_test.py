@@ -1,12 +1,14 @@
 """Run fastattn's test suite against the INSTALLED wheel (cibuildwheel test-command).
 
-    python tools/cibw_test.py <project-dir> [extra pytest args...]
+    python tools/cibw_test.py <project-dir> [test files and extra pytest args...]
 
 Copies ``<project-dir>/tests`` (with README.md and docs/, whose snippets and links
 ``tests/test_readme.py`` checks) to a temporary directory and runs pytest there, so the
 tests import the installed package, never the source tree.  Runs the suite with the
 default kernel variant and then again with ``FASTATTN_ISA=baseline`` when the default
-is not already the baseline.  Cross-platform (no shell syntax), exits non-zero on any
+is not already the baseline.  Arguments that name files or folders under ``tests/``
+replace the whole ``tests`` folder (e.g. ``tests/test_seed.py`` alone where the wheel's
+tests run under emulation).  Cross-platform (no shell syntax), exits non-zero on any
 failure.
 """
 from __future__ import annotations
@@ -45,8 +47,10 @@ def main(argv: list[str]) -> int:
             return 1
         subprocess.run([sys.executable, "-c", "import fastattn; fastattn.show_config()"],
                        cwd=tmp, env=env, check=True)
+        targets = [a for a in extra if a.replace("\\", "/").startswith("tests/")]
+        options = [a for a in extra if a not in targets]
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               "--benchmark-disable", "tests", *extra]
+               "--benchmark-disable", *(targets or ["tests"]), *options]
         runs = [("default", {})]
         if variant != "baseline":
             runs.append(("baseline", {"FASTATTN_ISA": "baseline"}))
