@@ -49,10 +49,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-need() { command -v "$1" >/dev/null || { echo "missing: $1 ($2)" >&2; exit 2; }; }
-need x86_64-w64-mingw32-gcc "apt-get install gcc-mingw-w64-x86-64 mingw-w64-x86-64-dev"
-need x86_64-w64-mingw32-nm "apt-get install binutils-mingw-w64-x86-64"
-[[ " $COMPILERS " != *" clang "* ]] || need clang "apt-get install clang libomp-dev"
+# the toolchains (Debian packages), installed when missing and running as root
+missing=()
+command -v x86_64-w64-mingw32-gcc >/dev/null || missing+=(gcc-mingw-w64-x86-64 mingw-w64-x86-64-dev)
+command -v x86_64-w64-mingw32-nm >/dev/null || missing+=(binutils-mingw-w64-x86-64)
+[[ " $COMPILERS " != *" clang "* ]] || command -v clang >/dev/null || missing+=(clang libomp-dev)
+if [[ ${#missing[@]} -gt 0 ]]; then
+    if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
+        echo "missing Debian packages: ${missing[*]}" >&2; exit 2
+    fi
+    echo "== apt-get install ${missing[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
 
 # -- 1. sources, stubs, cythonize ------------------------------------------------------
 cd "$ROOT"
