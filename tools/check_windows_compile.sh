@@ -16,14 +16,16 @@
 #   3. the objects' undefined symbols (x86_64-w64-mingw32-nm -u) are searched for
 #      POSIX-only names (pthread_*, sched_getaffinity, clock_gettime, posix_memalign,
 #      aligned_alloc, sysconf, ...): MinGW's winpthreads would hide a pthread call from
-#      step 2, and clang-cl / MSVC's CRT has none of them.
+#      step 2, and clang-cl / MSVC's CRT has none of them;
+#   4. the MinGW objects are linked into .pyd files (see below; WIN_LINK=0 skips it).
 #
 # Python's headers for Windows: CPython's Windows pyconfig.h is not on any registry this
 # machine reaches, so the host's Python include directory is copied and its pyconfig.h
 # replaced by a small Windows one written below (LLP64 sizes, MS_WINDOWS / MS_WIN64,
 # Py_ENABLE_SHARED: the values of CPython's PC/pyconfig.h that the headers read). numpy's
 # headers are the host's with their generated _numpyconfig.h given win_amd64 values.
-# No python3XY.lib is to be had here, so a .pyd is not linked.
+# No python3XY.lib is to be had here: step 4 makes an import library of the C-API
+# symbols the modules use and links the MinGW objects into .pyd files against it.
 #
 # Usage: tools/check_windows_compile.sh
 # Environment:
@@ -31,6 +33,7 @@
 #   WIN_VARIANTS="avx2 baseline"  which x86-64 variants (default: all of fastattn/_variants.py)
 #   WIN_OPT=-O3                   optimisation level (-O1 is ~3x faster, for a quick look)
 #   JOBS=2                        parallel compiles
+#   WIN_LINK=0                    skip step 4 (the link)
 #   KEEP_WORK=1                   keep the temporary directory
 set -euo pipefail
 
@@ -245,5 +248,48 @@ for cc in $COMPILERS; do   # the parallel loops really were compiled as OpenMP (
     echo "   $cc: $omp OpenMP runtime references ($(x86_64-w64-mingw32-nm -u "$WORK"/obj/"$cc"/_attn_*.o \
           | awk '{print $NF}' | grep -m1 -E '^(GOMP_|__kmpc_)'), ...)"
 done
+
+# -- 4. link (MinGW-w64 GCC) ------------------------------------------------------------
+# No python3XY.dll / import library is to be had here, so one is made: the Python C-API
+# symbols the objects import are checked to be exported by the host's libpython (the
+# same public API as python3XY.dll's exports), written to a .def file and turned into an
+# import library by dlltool.  Every other symbol must then resolve against MinGW-w64's
+# CRT, kernel32 and libgomp: the link fails on anything else.
+LINKED=""
+if [[ " $COMPILERS " == *" mingw "* && "${WIN_LINK:-1}" == 1 ]]; then
+    PYVER="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')"
+    LIBPY="$("$PY" -c 'import os, sysconfig as s; print(os.path.join(s.get_config_var("LIBDIR") or "", s.get_config_var("LDLIBRARY") or ""))')"
+    [[ -f "$LIBPY" && "$LIBPY" == *.so* ]] || LIBPY="$(readlink -f "$(command -v "$PY")")"   # a static build: the executable exports them
+    nm -D --defined-only "$LIBPY" | awk '{print $2, $3}' >"$WORK/host_exports.txt"
+    x86_64-w64-mingw32-nm -u "$WORK"/obj/mingw/*.o | awk '{print $NF}' | sed 's/^__imp_//' | grep -E '^_?Py' | sort -u >"$WORK/imports.txt"
+    {
+        echo "LIBRARY python$PYVER.dll"; echo "EXPORTS"
+        while read -r sym; do
+            kind=$(awk -v s="$sym" '$2 == s {print $1; exit}' "$WORK/host_exports.txt")
+            case "$kind" in
+                T|W|i) echo "    $sym" ;;
+                D|B|R|V) echo "    $sym DATA" ;;
+                *) echo "$sym" >>"$WORK/not_exported.txt" ;;
+            esac
+        done <"$WORK/imports.txt"
+    } >"$WORK/python$PYVER.def"
+    if [[ -s "$WORK/not_exported.txt" ]]; then
+        echo "   imported but not exported by Python: $(tr '\n' ' ' <"$WORK/not_exported.txt")" >&2; exit 1
+    fi
+    x86_64-w64-mingw32-dlltool -d "$WORK/python$PYVER.def" -D "python$PYVER.dll" -l "$WORK/libpython$PYVER.a"
+    echo "== link with MinGW-w64 GCC against python$PYVER.dll ($(grep -c '^    ' "$WORK/python$PYVER.def") C-API imports)"
+    for o in "$WORK"/obj/mingw/*.o; do
+        mod=$(basename "$o" .o)
+        x86_64-w64-mingw32-gcc -shared -fopenmp -o "$WORK/obj/mingw/$mod.pyd" "$o" -L"$WORK" -lpython"$PYVER" \
+            >"$WORK/obj/mingw/$mod.link.log" 2>&1 || {
+            echo "   FAIL link $mod: $(grep -m3 -E 'undefined|error' "$WORK/obj/mingw/$mod.link.log")"; exit 1; }
+        pe=$(x86_64-w64-mingw32-objdump -p "$WORK/obj/mingw/$mod.pyd")
+        dlls=$(sed -n 's/^\s*DLL Name: //p' <<<"$pe" | sort -u | tr '\n' ' ')
+        grep -qE "^\s*\[ *[0-9]+\] PyInit_$mod\$" <<<"$pe" || {
+            echo "   $mod.pyd does not export PyInit_$mod" >&2; exit 1; }
+        echo "   ok   $mod.pyd: exports PyInit_$mod; imports from $dlls"
+    done
+    LINKED="; linked with MinGW-w64 GCC against a generated python$PYVER import library"
+fi
 echo "check_windows_compile.sh: OK (${#MODULES[@]} modules x [$COMPILERS], $((SECONDS - T0))s;" \
-     "compiled only: not linked, not run)"
+     "compiled$LINKED; not run)"
