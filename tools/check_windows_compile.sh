@@ -17,7 +17,9 @@
 #      POSIX-only names (pthread_*, sched_getaffinity, clock_gettime, posix_memalign,
 #      aligned_alloc, sysconf, ...): MinGW's winpthreads would hide a pthread call from
 #      step 2, and clang-cl / MSVC's CRT has none of them;
-#   4. the MinGW objects are linked into .pyd files (see below; WIN_LINK=0 skips it).
+#   4. the MinGW objects are linked into .pyd files (see below; WIN_LINK=0 skips it);
+#   5. clang-cl (MSVC ABI, setup.py's clang-cl flags) compiles every kernel function of
+#      every variant (not the Cython modules: MSVC's CRT headers are not to be had here).
 #
 # Python's headers for Windows: CPython's Windows pyconfig.h is not on any registry this
 # machine reaches, so the host's Python include directory is copied and its pyconfig.h
@@ -29,7 +31,7 @@
 #
 # Usage: tools/check_windows_compile.sh
 # Environment:
-#   WIN_COMPILERS="mingw clang"   which compilers to run (default both)
+#   WIN_COMPILERS="mingw clang"   which compilers to run (default: mingw clang clang-cl)
 #   WIN_VARIANTS="avx2 baseline"  which x86-64 variants (default: all of fastattn/_variants.py)
 #   WIN_OPT=-O3                   optimisation level (-O1 is ~3x faster, for a quick look)
 #   JOBS=2                        parallel compiles
@@ -41,7 +43,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
 JOBS="${JOBS:-2}"
 OPT="${WIN_OPT:--O3}"
-COMPILERS="${WIN_COMPILERS:-mingw clang}"
+COMPILERS="${WIN_COMPILERS:-mingw clang clang-cl}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/fastattn-wincheck.XXXXXX")"
 T0=$SECONDS
 cleanup() {
@@ -56,7 +58,7 @@ trap cleanup EXIT
 missing=()
 command -v x86_64-w64-mingw32-gcc >/dev/null || missing+=(gcc-mingw-w64-x86-64 mingw-w64-x86-64-dev)
 command -v x86_64-w64-mingw32-nm >/dev/null || missing+=(binutils-mingw-w64-x86-64)
-[[ " $COMPILERS " != *" clang "* ]] || command -v clang >/dev/null || missing+=(clang libomp-dev)
+[[ " $COMPILERS " != *" clang"* ]] || command -v clang >/dev/null || missing+=(clang libomp-dev)
 if [[ ${#missing[@]} -gt 0 ]]; then
     if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
         echo "missing Debian packages: ${missing[*]}" >&2; exit 2
@@ -195,8 +197,11 @@ declare -A CCMD=(
     [clang]="clang --target=x86_64-w64-windows-gnu -ffp-contract=on -Wno-unused-command-line-argument"
 )
 JOBLIST="$WORK/jobs.txt"; : >"$JOBLIST"
+MODCC=""
 for cc in $COMPILERS; do
-    [[ -n "${CCMD[$cc]:-}" ]] || { echo "WIN_COMPILERS: unknown '$cc' (mingw, clang)" >&2; exit 2; }
+    [[ "$cc" != clang-cl ]] || continue        # step 5
+    [[ -n "${CCMD[$cc]:-}" ]] || { echo "WIN_COMPILERS: unknown '$cc' (mingw, clang, clang-cl)" >&2; exit 2; }
+    MODCC+=" $cc"
     mkdir -p "$WORK/obj/$cc"
     echo "$cc|_cpu|||" >>"$JOBLIST"
     for line in "${VARIANT_LINES[@]}"; do
@@ -222,7 +227,7 @@ compile_one() {
 }
 export -f compile_one
 echo "== compile for x86_64 Windows ($OPT, $JOBS jobs): $(wc -l <"$JOBLIST") objects"
-for cc in $COMPILERS; do echo "   $cc: $(${CCMD[$cc]%% *} --version | head -1)"; done
+for cc in $MODCC; do echo "   $cc: $(${CCMD[$cc]%% *} --version | head -1)"; done
 if ! xargs -P "$JOBS" -I{} -d '\n' bash -c 'compile_one "$@"' _ {} <"$JOBLIST"; then
     echo "some Windows compiles failed (logs in $WORK/obj/*/*.log)" >&2
     exit 1
@@ -231,7 +236,7 @@ fi
 # -- 3. no POSIX-only symbol left ------------------------------------------------------
 POSIX_RE='^(pthread_[a-z_]+|sched_[a-z_]+|clock_gettime|clock_getres|nanosleep|usleep|gettimeofday|posix_memalign|aligned_alloc|memalign|valloc|sysconf|getauxval|mmap|munmap|madvise|getpid|getrlimit|sigaction|dlopen|dlsym|alloca)$'
 bad=0
-for cc in $COMPILERS; do
+for cc in $MODCC; do
     for o in "$WORK"/obj/"$cc"/*.o; do
         hits=$(x86_64-w64-mingw32-nm -u "$o" | awk '{print $NF}' | grep -E "$POSIX_RE" || true)
         if [[ -n "$hits" ]]; then
@@ -241,7 +246,7 @@ for cc in $COMPILERS; do
 done
 [[ $bad -eq 0 ]] || { echo "unguarded POSIX-only calls (see above)" >&2; exit 1; }
 echo "   no POSIX-only undefined symbol in $(ls "$WORK"/obj/*/*.o | wc -l) objects"
-for cc in $COMPILERS; do   # the parallel loops really were compiled as OpenMP (not silently serial)
+for cc in $MODCC; do   # the parallel loops really were compiled as OpenMP (not silently serial)
     omp=$(x86_64-w64-mingw32-nm -u "$WORK"/obj/"$cc"/_attn_*.o | awk '{print $NF}' \
           | grep -cE '^(GOMP_|__kmpc_|omp_)' || true)
     [[ $omp -gt 0 ]] || { echo "   $cc: no OpenMP runtime call in the kernel objects" >&2; exit 1; }
@@ -291,5 +296,81 @@ if [[ " $COMPILERS " == *" mingw "* && "${WIN_LINK:-1}" == 1 ]]; then
     done
     LINKED="; linked with MinGW-w64 GCC against a generated python$PYVER import library"
 fi
-echo "check_windows_compile.sh: OK (${#MODULES[@]} modules x [$COMPILERS], $((SECONDS - T0))s;" \
-     "compiled$LINKED; not run)"
+
+# -- 5. clang-cl: every kernel function, with setup.py's clang-cl flags ---------------------
+# clang-cl (clang's MSVC driver; what setup.py and the cibuildwheel config use on Windows)
+# targets the MSVC ABI and needs MSVC's CRT headers, which are not here (MinGW's headers do
+# not work in MSVC mode), so the Cython modules themselves are not compiled with it.  What
+# differs in MSVC mode -- -fms-compatibility, the intrinsics headers' MSVC gating, the
+# LLP64 types -- matters in the kernels, so every kernel header is compiled in one
+# translation unit for each variant, with `static` / `inline` defined away after the system
+# headers so that every kernel function is compiled into the object, not only parsed.  The
+# CRT is a declarations-only stand-in written below (the prototypes of the UCRT functions
+# the kernels call; clang supplies stdint.h, stddef.h, immintrin.h and omp.h).
+if [[ " $COMPILERS " == *" clang-cl "* ]]; then
+    CL=(clang --driver-mode=cl --target=x86_64-pc-windows-msvc)
+    mkdir -p "$WORK/clcl/crt"
+    cat >"$WORK/clcl/crt/stdlib.h" <<'EOF2'
+#pragma once
+#include <stddef.h>
+void *__cdecl malloc(size_t); void *__cdecl calloc(size_t, size_t);
+void *__cdecl realloc(void *, size_t); void __cdecl free(void *); void __cdecl abort(void);
+int __cdecl abs(int); void *__cdecl _aligned_malloc(size_t, size_t); void __cdecl _aligned_free(void *);
+EOF2
+    printf '#pragma once\n#include <stdlib.h>\n' >"$WORK/clcl/crt/malloc.h"
+    printf '#pragma once\ntypedef int jmp_buf[16];\n' >"$WORK/clcl/crt/setjmp.h"
+    cat >"$WORK/clcl/crt/string.h" <<'EOF2'
+#pragma once
+#include <stddef.h>
+void *__cdecl memcpy(void *, const void *, size_t); void *__cdecl memmove(void *, const void *, size_t);
+void *__cdecl memset(void *, int, size_t); int __cdecl memcmp(const void *, const void *, size_t);
+int __cdecl strcmp(const char *, const char *); size_t __cdecl strlen(const char *);
+EOF2
+    cat >"$WORK/clcl/crt/math.h" <<'EOF2'
+#pragma once
+double __cdecl exp(double); float __cdecl expf(float); double __cdecl log(double); float __cdecl logf(float);
+double __cdecl tanh(double); float __cdecl tanhf(float); double __cdecl sqrt(double); float __cdecl sqrtf(float);
+double __cdecl fabs(double); float __cdecl fabsf(float); double __cdecl floor(double); double __cdecl ceil(double);
+double __cdecl ldexp(double, int); double __cdecl frexp(double, int *);
+#define INFINITY __builtin_inff()
+#define NAN __builtin_nanf("")
+#define HUGE_VAL __builtin_huge_val()
+#define isnan(x) __builtin_isnan(x)
+#define isinf(x) __builtin_isinf(x)
+#define isfinite(x) __builtin_isfinite(x)
+EOF2
+    cat >"$WORK/clcl/kernels.c" <<'EOF2'
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <immintrin.h>
+#include <omp.h>
+#define static
+#define inline
+#include "simd.h"
+#include "backward_kernels.h"
+#include "ceilings.h"
+EOF2
+    # setup.py's clang-cl flags (BuildExt.build_extensions) after setuptools' own MSVC ones
+    CLFLAGS=(/nologo /O2 /W3 /GL /DNDEBUG /MD -Wno-unused-function /clang:-fno-math-errno
+             /clang:-fno-trapping-math /clang:-ffp-contract=on /openmp -DFASTATTN_HAVE_OPENMP=1
+             -Werror=unknown-argument -Wno-unused-command-line-argument -Wno-pass-failed
+             -Werror=implicit-function-declaration -imsvc "$WORK/clcl/crt" -I"$K")
+    echo "== clang-cl ($("${CL[@]}" --version | head -1)): every kernel function, MSVC ABI"
+    for line in "${VARIANT_LINES[@]}"; do
+        IFS='|' read -r name header flags <<<"$line"
+        vflags=(); for f in $flags; do vflags+=("/clang:$f"); done
+        t=$SECONDS
+        if "${CL[@]}" "${CLFLAGS[@]}" "${vflags[@]}" "-DFA_ISA_HEADER=\"isa/$header\"" "-DFA_VARIANT=\"$name\"" \
+                /c "$WORK/clcl/kernels.c" "/Fo$WORK/clcl/$name.obj" >"$WORK/clcl/$name.log" 2>&1; then
+            nfun=$(llvm-nm "$WORK/clcl/$name.obj" 2>/dev/null | grep -c ' T ' || true)
+            [[ -z "$nfun" || "$nfun" -gt 50 ]] || { echo "   clang-cl $name: only $nfun functions compiled" >&2; exit 1; }
+            echo "   ok   clang-cl $name ($((SECONDS - t))s, ${nfun:-?} kernel functions) ${vflags[*]}"
+        else
+            echo "   FAIL clang-cl $name: $(grep -m3 error "$WORK/clcl/$name.log")"; exit 1
+        fi
+    done
+fi
+echo "check_windows_compile.sh: OK (${#MODULES[@]} modules x [$MODCC ], $((SECONDS - T0))s;" \
+     "compiled$LINKED; kernel headers compiled by clang-cl; not run)"
