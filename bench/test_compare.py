@@ -198,6 +198,12 @@ def test_kv_cases_inputs_and_float64_check(compare):
         row = {"decode-u4": 64 + 8 * 4, "gqa-decode-u8": 128 + 8, "decode-f8e5": 128, "decode-sinks": 4 * 128}[cid]
         assert H.kv_bytes(case) == 64 * case["Hkv"] * 2 * row
         if H.library_available("torch"):
-            fn, _ = H.RUNNERS["torch"](case, inputs, 1, np)
-            err = H.check_against_float64(case, inputs, fn(), np)
+            import torch
+            grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
+            try:           # the runner sets torch's global grad mode and threads: restored after
+                fn, _ = H.RUNNERS["torch"](case, inputs, 1, np)
+                err = H.check_against_float64(case, inputs, fn(), np)
+            finally:
+                torch.set_grad_enabled(grad)
+                torch.set_num_threads(threads)
             assert err < 1e-5, (cid, err)
