@@ -14,8 +14,9 @@ error counts both what storing the cache loses and what the computation rounds.
 
 * float32, float16, bfloat16, int8 (symmetric, one scale per key, the scales
   ``max |x| / 127`` of each key or value row), float8 e4m3fn / e5m2 (a plain
-  cast, no scale): fastattn's kernels, which read these in place and compute in
-  float32.
+  cast, no scale) and e4m3fn with one scale per tensor (``max |x| / 448``, the
+  format's largest value): fastattn's kernels, which read these in place and
+  compute in float32.
 * QuantizedKV (``fastattn.quantize_kv``: asymmetric u8 with one group per row
   (G = D) or G = 32, 4-bit with G = 32 or 64): the kernels when they take a
   QuantizedKV, else :func:`fastattn.reference.attention` in float64 on the
@@ -57,6 +58,7 @@ FORMATS = [
     ("bfloat16", "plain", {"dtype": "bfloat16"}),
     ("int8, scale per key", "int8", {}),
     ("float8 e4m3fn", "plain", {"dtype": "float8_e4m3fn"}),
+    ("float8 e4m3fn, scale per tensor", "float8-scaled", {"dtype": "float8_e4m3fn", "max": 448.0}),
     ("float8 e5m2", "plain", {"dtype": "float8_e5m2"}),
     ("u8 asymmetric, G = D", "qkv", {"bits": 8, "group_size": None}),
     ("u8 asymmetric, G = 32", "qkv", {"bits": 8, "group_size": 32}),
@@ -74,7 +76,7 @@ def _dtype(name):
 
 def stored_bytes(kind, params, D):
     """Bytes per element of a stored row of D elements (scales and zero points included)."""
-    if kind == "plain":
+    if kind in ("plain", "float8-scaled"):
         return _dtype(params["dtype"]).itemsize
     if kind == "int8":
         return (D + 4) / D
@@ -86,6 +88,9 @@ def store(x, kind, params):
     """x (float32) in a format: (what attention is given, extra keyword arguments)."""
     if kind == "plain":
         return x.astype(_dtype(params["dtype"])), {}
+    if kind == "float8-scaled":         # the tensor's largest |x| to the format's largest value
+        s = np.float32(max(float(np.abs(x).max()), 1e-30) / params["max"])
+        return (x / s).astype(_dtype(params["dtype"])), {"scale": s}
     if kind == "int8":
         s = (np.maximum(np.abs(x).max(axis=-1, keepdims=True), 1e-30) / 127).astype(np.float32)
         return np.clip(np.rint(x / s), -127, 127).astype(np.int8), {"scale": s}
@@ -97,7 +102,7 @@ def attend(q, k, v, kind, params, causal):
     ks, kx = store(k, kind, params)
     vs, vx = store(v, kind, params)
     kw = {"causal": causal}
-    if kind == "int8":
+    if kind in ("int8", "float8-scaled"):
         kw.update(k_scale=kx["scale"], v_scale=vx["scale"])
     try:
         return np.asarray(fastattn.attention(q, ks, vs, **kw), np.float64), "kernels"
