@@ -207,3 +207,30 @@ def test_kv_cases_inputs_and_float64_check(compare):
                 torch.set_grad_enabled(grad)
                 torch.set_num_threads(threads)
             assert err < 1e-5, (cid, err)
+
+
+@pytest.mark.parametrize("cid", ["decode-u4", "gqa-decode-u8"])
+def test_quantized_cases_time_the_kernels_once_they_take_a_quantizedkv(compare, monkeypatch, cid):
+    """The same case, unchanged, once fastattn.attention takes a QuantizedKV
+    (simulated: dequantize, then the float32 kernels): a time and a float64
+    check instead of '--'; and '--' with the TypeError's reason today."""
+    import numpy as np
+    fastattn = pytest.importorskip("fastattn")
+    H = compare.H
+    case = dict(next(c for c in H.KV_CASES if c["id"] == cid), Lk=64)
+    real = fastattn.attention
+
+    def taking(q, k, v, **kw):
+        deq = [x.dequantize() if isinstance(x, fastattn.QuantizedKV) else x for x in (k, v)]
+        return real(q, *deq, **kw)
+    monkeypatch.setattr(fastattn, "attention", taking)
+    r = compare.P.child_main("fastattn", case, 1, 0.01, True)
+    assert "unsupported" not in r and r["seconds"] > 0
+    assert r["max_err"] < 1e-5           # against the float64 attention over the codes' values
+    monkeypatch.setattr(fastattn, "attention", lambda *a, **k: (_ for _ in ()).throw(TypeError("k: no")))
+    r = compare.P.child_main("fastattn", case, 1, 0.01, True)
+    assert r["unsupported"].endswith("(TypeError: k: no)") and "seconds" not in r
+    # a TypeError on any other case is a failure, not "unsupported"
+    with pytest.raises(TypeError):
+        compare.P.child_main("fastattn", dict(next(c for c in H.KV_CASES if c["id"] == "decode-f8e4"), Lk=64),
+                             1, 0.01, True)
