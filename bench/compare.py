@@ -15,6 +15,7 @@ bytes each memory-bound case reads (GB/s), so that no kernel figure can exceed
     python bench/compare.py --threads 1 --json out.json --plot out.png
     python bench/compare.py --peers jax --cases prefill   # one peer only
     python bench/compare.py --from-json out.json      # the table of a saved run again
+    python bench/compare.py --group kv                # float8 / QuantizedKV caches and sinks (issue 34)
 
 torch and the peers (bench/peers.py: OpenVINO, ONNX Runtime, JAX) are optional;
 a library that is not importable gets a note instead of a column of times, and
@@ -48,9 +49,10 @@ def _load(name, path):
 HERE = os.path.dirname(os.path.abspath(__file__))
 P = _load("fastattn_bench_peers", os.path.join(HERE, "peers.py"))
 H = P.H                      # fastattn/_bench.py, loaded once by peers.py
-CASES = (H.STANDARD_CASES + H.EXTRA_CASES + H.STORAGE_CASES + H.ACCURACY_CASES + H.BACKWARD_CASES
-         + H.SERVING_CASES)
+CASES = (H.STANDARD_CASES + H.EXTRA_CASES + H.STORAGE_CASES + H.KV_CASES + H.ACCURACY_CASES
+         + H.BACKWARD_CASES + H.SERVING_CASES)
 CASE_IDS = [c["id"] for c in CASES]
+GROUPS = sorted({c["group"] for c in CASES if c.get("group")})
 
 
 def machine_info():
@@ -92,6 +94,8 @@ def numpy_skip_reason(case, args):
         return None
     if case.get("kv_dtype"):
         return "numpy skipped: a storage-type case (the naive baseline has no such cache)"
+    if case.get("sinks"):
+        return "numpy skipped: sinks (the naive baseline has none)"
     if args.skip_slow_numpy and case.get("slow_numpy"):
         return "numpy skipped (--skip-slow-numpy)"
     need = 2 * H.numpy_scores_bytes(case)
@@ -129,11 +133,22 @@ def peers_for(case, args, available):
     return run, why
 
 
+def selected(args):
+    """The cases a run measures: --cases and --group (either or both), else the
+    standard ones (and the extra ones with --extra); a serving case brings its
+    baseline, a storage or sinks case its float32 (and int8) twin."""
+    if args.cases or args.group:
+        cases = [c for c in CASES if c["id"] in (args.cases or ()) or c.get("group") in (args.group or ())]
+    else:
+        cases = [c for c in CASES if not c.get("extra") or args.extra]
+    wanted = {c["id"] for c in cases}
+    for key in ("baseline", "twin", "int8_twin"):
+        wanted |= {c[key] for c in cases if c.get(key)}
+    return [c for c in CASES if c["id"] in wanted]
+
+
 def run(args):
-    cases = [c for c in CASES if (c["id"] in args.cases if args.cases else not c.get("extra") or args.extra)]
-    # a serving case's baseline runs with it
-    wanted = {c["id"] for c in cases} | {c["baseline"] for c in cases if c.get("baseline")}
-    cases = [c for c in CASES if c["id"] in wanted]
+    cases = selected(args)
     # The fastattn children import the in-place build of this checkout unless
     # --installed asks for the one on sys.path.
     path = () if args.installed else (REPO,)
@@ -183,12 +198,17 @@ def _run_cases(args, cases, path, available, results, read_bytes, dump_dir):
         for rep in range(args.repeats):
             order = libs[rep % len(libs):] + libs[:rep % len(libs)]   # rotate per repeat
             for lib in order:
+                if lib in no_peer:       # fastattn said "unsupported" on the first repeat
+                    continue
                 log(f"[{ci + 1}/{len(cases)}] {case['id']} {lib} (repeat {rep + 1}/{args.repeats}) ...")
                 dump = os.path.join(dump_dir, f"{ci}-{lib}.npy") if rep == 0 else None
                 r = P.run_child(lib, case, args.threads, min_time=args.min_time,
                                 pythonpath=path, timeout=args.timeout, dump=dump)
                 if "error" in r:
                     log(f"  failed: {r['error']}")
+                elif "unsupported" in r:
+                    log(f"  -- {r['unsupported']}")
+                    no_peer.setdefault(lib, r["unsupported"])
                 else:
                     dumps.setdefault(lib, dump)
                     err = f", max err {r['max_err']:.1e}" if r.get("max_err") is not None else ""
@@ -331,6 +351,8 @@ def _fmt(x, spec, suffix=""):
 def _time_cell(row, lib, available):
     if not available[lib]:
         return "not installed" if lib == "torch" else "not importable"
+    if lib in row.get("unsupported", {}) and row["t"].get(lib) is None:
+        return "--"
     if lib in row["errors"] and row["t"].get(lib) is None:
         return "failed"
     if lib == "numpy" and row["numpy_skipped"]:
@@ -409,6 +431,8 @@ def print_report(results, ceil, rows, out=None):
             notes.append(f"{r['id']}: {r['case']['note']}")
         if r["numpy_skipped"]:
             notes.append(f"{r['id']}: {r['numpy_skipped']}")
+        if r["t"].get("fastattn") is None and "fastattn" in r["unsupported"]:
+            notes.append(f"{r['id']}: fastattn --: {r['unsupported']['fastattn']}")
         for lib, e in r["errors"].items():
             notes.append(f"{r['id']}: {lib} failed: {e}")
         for key in ("pct_peak", "pct_bw"):
@@ -436,18 +460,34 @@ def print_report(results, ceil, rows, out=None):
             p(f"| {r['id']} | {r['case'].get('kv_dtype') or r['case']['dtype']} | {fe:.2e} | {te:.2e} | "
               f"{_fmt(fe / te if te else None, '.2f')} |")
     by_id = {r["id"]: r for r in rows}     # a case's float32 twin or serving baseline
-    twins = [r for r in rows if r["case"].get("twin")]
+    twins = [r for r in rows if r["case"].get("twin") and not r["case"].get("sinks")]
     if twins:
         p("\nStorage types against fastattn's own float32 on the same shape (bandwidth counted in "
           "stored bytes):\n")
-        p("| case | stored as | fastattn | float32 twin | twin / case | GB/s stored | % read ceiling |")
-        p("|---|---|---:|---:|---:|---:|---:|")
+        p("| case | stored as | fastattn | float32 twin | twin / case | int8 / case | targets | GB/s stored "
+          "| % read ceiling |")
+        p("|---|---|---:|---:|---:|---:|---|---:|---:|")
         for r in twins:
-            twin = by_id.get(r["case"]["twin"])
-            fa, tw = r["t"].get("fastattn"), twin["t"].get("fastattn") if twin else None
-            p(f"| {r['id']} | {r['case'].get('kv_dtype')} | {_time_cell(r, 'fastattn', avail)} | "
+            fa = r["t"].get("fastattn")
+            tw, i8 = (by_id[r["case"][key]]["t"].get("fastattn") if r["case"].get(key) in by_id else None
+                      for key in ("twin", "int8_twin"))
+            tg = r["case"].get("targets", {})
+            targets = ", ".join(f"{'twin' if k == 'twin' else k} / case ≥ {v:.2f}" for k, v in tg.items())
+            p(f"| {r['id']} | {H._KV.stored_as(r['case'])} | {_time_cell(r, 'fastattn', avail)} | "
               f"{H.fmt_time(tw) if tw else '—'} | {_fmt(tw / fa if tw and fa else None, '.2f', '×')} | "
+              f"{_fmt(i8 / fa if i8 and fa else None, '.2f', '×')} | {targets or '—'} | "
               f"{_fmt(r.get('gbs'), '.1f')} | {_fmt(r.get('pct_bw'), '.0f', '%')} |")
+    sinks = [r for r in rows if r["case"].get("sinks") and r["case"].get("twin")]
+    if sinks:
+        p("\nSinks cost: the same call with and without sinks= (target: at most 3 % slower):\n")
+        p("| case | fastattn | without sinks | case / without | cost |")
+        p("|---|---:|---:|---:|---:|")
+        for r in sinks:
+            fa = r["t"].get("fastattn")
+            tw = by_id[r["case"]["twin"]]["t"].get("fastattn") if r["case"]["twin"] in by_id else None
+            p(f"| {r['id']} | {_time_cell(r, 'fastattn', avail)} | {H.fmt_time(tw) if tw else '—'} | "
+              f"{_fmt(fa / tw if tw and fa else None, '.3f', '×')} | "
+              f"{_fmt(100 * (fa / tw - 1) if tw and fa else None, '+.1f', ' %')} |")
     serving = [r for r in rows if r["case"].get("baseline")]
     if serving:
         p("\nServing cases against fastattn's own baseline and torch (targets: baseline / case and torch / case "
@@ -530,7 +570,7 @@ def _print_peers(results, rows, peers, p):
           + " | ".join(_peer_cell(r, lib, avail) for lib in libs)
           + f" | {_fmt(min(right) if right else None, '.2f', '×')} |")
         for lib, why in r["unsupported"].items():
-            if why != "not importable":
+            if why != "not importable" and lib in libs:
                 reasons.setdefault((lib, why), []).append(r["id"])
         for lib in libs:
             if lib in r["t"] and peer_is_wrong(r, lib):
@@ -570,6 +610,9 @@ def parse_args(argv=None):
     ap.add_argument("--cases", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
                     help="comma-separated case ids (default: all standard cases)")
     ap.add_argument("--extra", action="store_true", help="also run the extra cases")
+    ap.add_argument("--group", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                    help=f"comma-separated groups of cases ({', '.join(GROUPS)}; kv: the float8 / QuantizedKV "
+                         "caches and sinks of issue 34 with their float32 and int8 twins), alone or with --cases")
     ap.add_argument("--all", action="store_true", help="standard and extra cases")
     ap.add_argument("--quick", action="store_true",
                     help="1 process per library and shorter timing (a smoke run, noisier)")
@@ -595,6 +638,7 @@ def parse_args(argv=None):
         # reprinting measures nothing: options that choose what to measure would be ignored
         given = [opt for opt, val in (("--threads", args.threads), ("--cases", args.cases),
                                       ("--extra", args.extra), ("--all", args.all), ("--quick", args.quick),
+                                      ("--group", args.group),
                                       ("--repeats", args.repeats), ("--min-time", args.min_time),
                                       ("--installed", args.installed), ("--json", args.json),
                                       ("--peers", args.peers), ("--no-peers", args.no_peers),
@@ -611,6 +655,10 @@ def parse_args(argv=None):
         if args.no_peers:
             ap.error("--peers and --no-peers contradict each other")
     args.peers = [] if args.no_peers else list(args.peers if args.peers is not None else P.PEERS)
+    if args.group:
+        unknown = sorted(set(args.group) - set(GROUPS))
+        if unknown:
+            ap.error(f"unknown group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
     if args.cases:
         unknown = sorted(set(args.cases) - set(CASE_IDS))
         if unknown:

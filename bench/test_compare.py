@@ -140,3 +140,97 @@ def test_a_serving_case_brings_its_baseline(compare, monkeypatch):
     compare.run(compare.parse_args(["--cases", "varlen-64", "--quick"]))
     assert ("fastattn", "varlen-64") in seen and ("torch", "varlen-64") in seen
     assert ("fastattn", "varlen-64-loop") in seen and ("torch", "varlen-64-loop") not in seen
+
+
+def test_the_kv_group_brings_its_twins(compare):
+    """--group kv: the float8 / QuantizedKV / sinks cases and the float32 and int8
+    twins their tables divide by."""
+    ids = [c["id"] for c in compare.selected(compare.parse_args(["--group", "kv"]))]
+    for want in ("decode-f8e4", "decode-f8e5", "decode-u8", "decode-u4", "gqa-decode-u4", "gqa-decode-int8",
+                 "prefill-sinks", "decode-sinks", "gqa-decode-sinks",           # the group
+                 "decode-8k", "gqa-decode-f32", "decode-int8", "prefill"):     # their twins
+        assert want in ids
+    assert "long" not in ids and "bwd-prefill" not in ids
+    # not in the default run (extra), and an unknown group is refused
+    assert "decode-u4" not in [c["id"] for c in compare.selected(compare.parse_args([]))]
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--group", "nope"])
+
+
+def test_a_case_fastattn_cannot_take_shows_dashes_and_the_reason(compare, capsys):
+    """A QuantizedKV case before the kernels take one: the child reports
+    'unsupported'; the tables show '--' and the notes the reason, nothing fails."""
+    case = next(c for c in compare.H.KV_CASES if c["id"] == "decode-u4")
+    twin = next(c for c in compare.H.STORAGE_CASES if c["id"] == case["twin"])
+    res = _results([3.0], [1.0])
+    why = "fastattn.attention does not take this cache yet (TypeError: k: ...)"
+    res["cases"] = [
+        {"case": twin, "describe": compare.H.describe(twin), "numpy_skipped": None,
+         "runs": {"fastattn": [{"seconds": 0.004, "max_err": 1e-7}], "torch": [{"seconds": 0.01}]}},
+        {"case": case, "describe": compare.H.describe(case), "numpy_skipped": "storage",
+         "runs": {"fastattn": [{"unsupported": why}], "torch": [{"seconds": 0.02, "max_err": 1e-7}]},
+         "unsupported": {"fastattn": why}},
+    ]
+    ceil, rows = compare.summarize(res)
+    compare.print_report(res, ceil, rows)
+    out = capsys.readouterr().out
+    assert _table_row(out, "decode-u4")["fastattn"] == "--"
+    assert f"decode-u4: fastattn --: {why}" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("| decode-u4 | QuantizedKV 4 bits, G 32 |"))
+    assert "twin / case ≥ 6.00" in line
+
+
+def test_kv_cases_inputs_and_float64_check(compare):
+    """The harness's inputs of the new formats at a tiny size: QuantizedKV fields
+    as quantize_kv makes them, float8 cast, sinks; torch's dequantize-then-SDPA
+    and the float64 check agree (torch only when installed)."""
+    import numpy as np
+    H = compare.H
+    for cid in ("decode-u4", "gqa-decode-u8", "decode-f8e5", "decode-sinks"):
+        case = dict(next(c for c in H.KV_CASES if c["id"] == cid), Lk=64)
+        inputs = H.make_inputs(case, np)
+        if H._KV.is_quantized(case):
+            bits = H._KV.QUANTIZED[case["kv_dtype"]]
+            assert inputs["k"].dtype == np.uint8
+            assert inputs["k"].shape[-1] == case["D"] * bits // 8
+            assert inputs["k_qscale"].shape[-1] == case["D"] // case["group_size"]
+        # stored bytes per key row of D 128: codes, then 4-byte scale and zero per group
+        row = {"decode-u4": 64 + 8 * 4, "gqa-decode-u8": 128 + 8, "decode-f8e5": 128, "decode-sinks": 4 * 128}[cid]
+        assert H.kv_bytes(case) == 64 * case["Hkv"] * 2 * row
+        if H.library_available("torch"):
+            import torch
+            grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
+            try:           # the runner sets torch's global grad mode and threads: restored after
+                fn, _ = H.RUNNERS["torch"](case, inputs, 1, np)
+                err = H.check_against_float64(case, inputs, fn(), np)
+            finally:
+                torch.set_grad_enabled(grad)
+                torch.set_num_threads(threads)
+            assert err < 1e-5, (cid, err)
+
+
+@pytest.mark.parametrize("cid", ["decode-u4", "gqa-decode-u8"])
+def test_quantized_cases_time_the_kernels_once_they_take_a_quantizedkv(compare, monkeypatch, cid):
+    """The same case, unchanged, once fastattn.attention takes a QuantizedKV
+    (simulated: dequantize, then the float32 kernels): a time and a float64
+    check instead of '--'; and '--' with the TypeError's reason today."""
+    import numpy as np
+    fastattn = pytest.importorskip("fastattn")
+    H = compare.H
+    case = dict(next(c for c in H.KV_CASES if c["id"] == cid), Lk=64)
+    real = fastattn.attention
+
+    def taking(q, k, v, **kw):
+        deq = [x.dequantize() if isinstance(x, fastattn.QuantizedKV) else x for x in (k, v)]
+        return real(q, *deq, **kw)
+    monkeypatch.setattr(fastattn, "attention", taking)
+    r = compare.P.child_main("fastattn", case, 1, 0.01, True)
+    assert "unsupported" not in r and r["seconds"] > 0
+    assert r["max_err"] < 1e-5           # against the float64 attention over the codes' values
+    monkeypatch.setattr(fastattn, "attention", lambda *a, **k: (_ for _ in ()).throw(TypeError("k: no")))
+    r = compare.P.child_main("fastattn", case, 1, 0.01, True)
+    assert r["unsupported"].endswith("(TypeError: k: no)") and "seconds" not in r
+    # a TypeError on any other case is a failure, not "unsupported"
+    with pytest.raises(TypeError):
+        compare.P.child_main("fastattn", dict(next(c for c in H.KV_CASES if c["id"] == "decode-f8e4"), Lk=64),
+                             1, 0.01, True)

@@ -25,6 +25,7 @@ slopes 2^(-8(h+1)/H): fastattn gets ``alibi_slopes``, torch and NumPy the same
 -slope·|i - j| as a float bias.  ``backward`` (optional) times the gradients
 instead of the forward: "bwd" one backward, "fwd+bwd" a forward and a backward.
 """
+import importlib.util
 import io
 import json
 import math
@@ -65,6 +66,19 @@ def softmax_case(id, rows, cols, dtype="float32", **extra):
 
 
 _A, _S = attention_case, softmax_case
+
+
+def _load_sibling(name, filename):
+    # by path, like this file itself: importing the package would load the kernels
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                     filename))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# float8 and QuantizedKV caches, attention sinks (issue 34): fastattn/_bench_kv.py
+_KV = _load_sibling("fastattn_bench_kv", "_bench_kv.py")
 
 # The standard cases of the project's benchmarking guide (float32 unless noted,
 # torch layout B, H, L, D).  ``decode`` marks cases bound by reading K and V;
@@ -120,7 +134,7 @@ STORAGE_CASES = [
        twin="decode-8k"),
     _A("decode-bf16", 1, 32, 1, 8192, 128, decode=True, extra=True, kv_dtype="bfloat16", q_dtype="bfloat16",
        twin="decode-8k"),
-    _A("decode-int8", 1, 32, 1, 8192, 128, decode=True, extra=True, kv_dtype="int8", twin="decode-8k",
+    _A("decode-int8", 1, 32, 1, 8192, 128, decode=True, extra=True, kv_dtype="int8", twin="decode-8k", group="kv",
        note="int8 k, v with per-key scales; torch: k.float() * k_scale, then SDPA"),
     _A("gqa-decode-f32", 1, 32, 1, 8192, 128, Hkv=8, decode=True, extra=True,
        note="float32 twin of gqa-decode-bf16"),
@@ -130,6 +144,10 @@ STORAGE_CASES = [
     _A("prefill-bf16", 1, 8, 1024, 1024, 64, extra=True, kv_dtype="bfloat16", q_dtype="bfloat16",
        twin="prefill"),
 ]
+
+# float8 (e4m3fn, e5m2) and QuantizedKV (u8, u4) caches and attention sinks, side
+# by side with their float32 and int8 twins (group "kv": compare.py --group kv)
+KV_CASES = _KV.kv_cases(_A)
 
 # float32 accuracy against torch on the same inputs (the accuracy table of compare.py)
 ACCURACY_CASES = [
@@ -249,6 +267,8 @@ def describe(case):
         parts.append("kv_lengths")
     if case.get("alibi"):
         parts.append("ALiBi")
+    if case.get("sinks"):
+        parts.append("sinks")
     if case.get("backward"):
         parts.append("backward" if case["backward"] == "bwd" else "forward+backward")
     return " ".join(parts)
@@ -317,6 +337,8 @@ def kv_bytes(case):
         keys = sum(case["lens"] if case["kind"] == "varlen" else case["seq_lens"])
     else:
         keys = sum(case["kv_lengths"]) if case["kv_lengths"] else case["B"] * case["Lk"]
+    if _KV.row_bytes(case, case["D"]) is not None:     # float8, QuantizedKV (codes, scales, zeros)
+        return keys * case["Hkv"] * (_KV.row_bytes(case, case["D"]) + _KV.row_bytes(case, case["Dv"]))
     return keys * case["Hkv"] * (case["D"] + case["Dv"]) * itemsize
 
 
@@ -353,6 +375,8 @@ def make_inputs(case, np):
             s = np.maximum(np.abs(x).max(axis=-1, keepdims=True), 1e-30) / 127
             inputs[name] = np.clip(np.rint(x / s), -127, 127).astype(np.int8)
             inputs[name + "_scale"] = s.astype(np.float32)
+    elif case.get("kv_dtype") in _KV.KV_FORMATS:
+        inputs.update(_KV.stored_inputs(case, k, v, np))
     elif case.get("kv_dtype"):
         kv_dt = _numpy_dtype(case["kv_dtype"], np)
         inputs["k"], inputs["v"] = k.astype(kv_dt), v.astype(kv_dt)
@@ -365,6 +389,8 @@ def make_inputs(case, np):
         inputs["kv_lengths"] = np.asarray(case["kv_lengths"], dtype=np.int64)
     if case.get("alibi"):
         inputs["alibi_slopes"] = 2.0 ** (-8.0 * np.arange(1, Hq + 1) / Hq)
+    if case.get("sinks"):
+        inputs["sinks"] = _KV.sinks_input(case, np)
     if case.get("backward"):
         inputs["grad"] = rng.standard_normal((B, Hq, case["Lq"], case["Dv"]), dtype=np.float32).astype(dt)
     return inputs
@@ -473,8 +499,8 @@ def _check_heads(case, inputs, rows, np):
     for b, h in sorted({(0, 0), (case["B"] - 1, case["Hq"] - 1)}):
         kv = slice(h // group, h // group + 1)
         q = inputs["q"][b:b + 1, h:h + 1, rows].astype(np.float64)
-        k = inputs["k"][b:b + 1, kv].astype(np.float64)
-        v = inputs["v"][b:b + 1, kv].astype(np.float64)
+        k = _KV.values(case, inputs, "k", (slice(b, b + 1), kv), np)
+        v = _KV.values(case, inputs, "v", (slice(b, b + 1), kv), np)
         if "k_scale" in inputs:
             k = k * inputs["k_scale"][b:b + 1, kv]
             v = v * inputs["v_scale"][b:b + 1, kv]
@@ -484,6 +510,10 @@ def _check_heads(case, inputs, rows, np):
 def _float64_outputs(case, inputs, out, rows, np):
     """(got, exact) float64 output rows of each pair of _check_heads."""
     for b, h, q, k, v in _check_heads(case, inputs, rows, np):
+        if case.get("sinks"):          # the sink cases have no mask, window or bias
+            ref = _KV.naive_with_sinks(q, k, v, 1.0 / math.sqrt(case["D"]), float(inputs["sinks"][h]), np)
+            yield np.asarray(out[b, h, rows], dtype=np.float64), ref
+            continue
         ref = naive_attention(q, k, v, 1.0 / math.sqrt(case["D"]),
                               _blocked(allowed_mask(case, inputs, np, rows=rows, batch=b)), np,
                               bias=alibi_bias(case, inputs, np, rows=rows, heads=[h]))[0, 0]
@@ -684,7 +714,7 @@ def _fastattn_runner(case, inputs, threads, np):
     if case["kind"] in SERVING_KINDS:
         return _serving_fastattn(fastattn, case, inputs, threads), info
     kw = dict(fastattn_kwargs(case, inputs), num_threads=threads)
-    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    q, (k, v) = inputs["q"], _KV.fastattn_kv(fastattn, case, inputs)
     if case.get("backward") == "fwd+bwd":
         def step():
             out, lse = fastattn.attention(q, k, v, return_lse=True, **kw)
@@ -709,6 +739,8 @@ def fastattn_kwargs(case, inputs):
         kw["alibi_slopes"] = inputs["alibi_slopes"]
     if "k_scale" in inputs:
         kw["k_scale"], kw["v_scale"] = inputs["k_scale"], inputs["v_scale"]
+    if case.get("sinks"):
+        kw["sinks"] = inputs["sinks"]
     return kw
 
 
@@ -725,6 +757,9 @@ def _torch_runner(case, inputs, threads, np):
         return _serving_torch(torch, F, case, inputs, np), info
     # 4-D (B, H, L, D): 3-D input silently takes torch's slow "math" path.
     kv_dtype = case.get("kv_dtype")
+    if kv_dtype in _KV.KV_FORMATS or case.get("sinks"):
+        kw = {"enable_gqa": True} if case["Hq"] != case["Hkv"] else {}
+        return _KV.torch_call(torch, F, case, inputs, kw, np), info
     if kv_dtype in ("float16", "bfloat16"):
         # the same dtype for q, k and v (torch requires it); bfloat16 through an int16 view
         tdt = getattr(torch, kv_dtype)
@@ -902,8 +937,13 @@ def child_main(lib, case, threads, min_time, check):
     inputs = make_inputs(case, np)
     fn, info = RUNNERS[lib](case, inputs, threads, np)
     result.update(info)
-    if check:
+    try:
         first = fn()
+    except TypeError as exc:
+        if lib == "fastattn" and _KV.is_quantized(case):    # until the kernels take a QuantizedKV
+            return dict(result, unsupported=_KV.unsupported_reason(exc))
+        raise
+    if check:
         result["max_err"] = check_against_float64(case, inputs, first, np)
         result["rms_err"] = rms_against_float64(case, inputs, first, np)
     result["samples"] = time_calls(fn, min_time)

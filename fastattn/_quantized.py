@@ -46,10 +46,10 @@ def _check_group_size(group_size, D, bits):
 
 
 class QuantizedKV:
-    """A quantized key or value cache of logical shape ``(..., L, D)``: uint8
-    codes with a float32 scale and zero point per group of ``group_size``
-    elements of the last axis.
+    """A key or value cache of uint8 codes with a scale and zero point per group.
 
+    The logical shape is ``(..., L, D)``; a float32 scale and zero point belong
+    to each group of ``group_size`` consecutive elements of the last axis.
     Element ``d`` of a row is ``(code - zero[..., d // group_size]) *
     scale[..., d // group_size]``.  ``bits=8``: ``data`` has the logical shape,
     one code (0..255) per byte.  ``bits=4``: ``data`` has shape ``(..., L, D //
@@ -62,7 +62,9 @@ class QuantizedKV:
     real dtypes are converted: they are small), all three with the batch and
     key axes of the logical shape.  :func:`fastattn.attention` and
     :func:`fastattn.attention_paged` read the codes in place; nothing is ever
-    dequantized into a copy of the cache.
+    dequantized into a copy of the cache.  ``codes()`` and ``dequantize()``
+    return the codes (unpacked) and the values as new arrays, for inspection
+    and tests.
 
     Parameters
     ----------
@@ -93,6 +95,11 @@ class QuantizedKV:
         ``bits`` not 4 or 8, ``group_size`` not dividing D (or odd for 4 bits),
         ``scale`` / ``zero`` of the wrong shape or not finite.  Each message
         names the field.
+
+    See Also
+    --------
+    quantize_kv : Quantize values into a QuantizedKV.
+    fastattn.reference.attention : The float64 specification, computing a QuantizedKV from its fields.
 
     Examples
     --------
@@ -174,10 +181,9 @@ class QuantizedKV:
 
 
 def quantize_kv(x, bits=8, group_size=None):
-    """Quantize a key or value array to a :class:`QuantizedKV` (asymmetric
-    min/max quantization per group of the last axis).
+    """Quantize a key or value array to a :class:`QuantizedKV`.
 
-    For each group of ``group_size`` elements of a row: ``scale = (max - min) /
+    Asymmetric min/max quantization per group of the last axis.  For each group of ``group_size`` elements of a row: ``scale = (max - min) /
     (2**bits - 1)``, ``zero = -min / scale``, ``code = clip(round(x / scale +
     zero), 0, 2**bits - 1)``: code 0 stands for the group's minimum, the top code
     for its maximum, and every element comes back within ``scale / 2`` (up to
@@ -197,6 +203,7 @@ def quantize_kv(x, bits=8, group_size=None):
     Returns
     -------
     QuantizedKV
+        The codes, scales and zero points (new arrays) of logical shape ``x.shape``.
 
     Raises
     ------
@@ -205,6 +212,10 @@ def quantize_kv(x, bits=8, group_size=None):
         group_size not dividing D.
     TypeError
         A non-real x.
+
+    See Also
+    --------
+    QuantizedKV : The format, and wrapping existing buffers.
 
     Examples
     --------
