@@ -163,7 +163,7 @@ class BuildExt(build_ext):
                 self.compiler.initialize()
             self.compiler.cc = clang_cl            # MSVC's linker and flags, clang's front end
             base = ["/O2", "-Wno-unused-function"] + [
-                "/clang:" + f for f in ("-fno-math-errno", "-fno-trapping-math", "-ffp-contract=on")]
+                "/clang:" + f for f in ("-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=on")]
             isa_flags = {n: ["/clang:" + f for f in v.flags] for n, v in VARIANTS.items()}
             libdir = os.path.join(os.path.dirname(os.path.dirname(clang_cl)), "lib")
             if use_omp and os.path.isfile(os.path.join(libdir, "libomp.lib")):

@@ -20,7 +20,7 @@ cdef extern from *:
     /* x86: CPUID and XGETBV (the OS must save the YMM / ZMM state), no compiler builtin:
        clang rejects __builtin_cpu_supports("f16c"), and MSVC-ABI compilers have none. */
     #define FA_ARCH "x86_64"
-    #if defined(__GNUC__) || defined(__clang__)
+    #if (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
     #include <cpuid.h>
     static void fa_cpuid(unsigned leaf, unsigned sub, unsigned r[4]) {
         __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
@@ -31,7 +31,7 @@ cdef extern from *:
         return ((unsigned long long)hi << 32) | lo;
     }
     #else
-    #include <intrin.h>
+    #include <intrin.h>   /* MSVC and clang-cl (whose <cpuid.h> clashes with <intrin.h>) */
     static void fa_cpuid(unsigned leaf, unsigned sub, unsigned r[4]) {
         int t[4]; __cpuidex(t, (int)leaf, (int)sub);
         r[0] = (unsigned)t[0]; r[1] = (unsigned)t[1]; r[2] = (unsigned)t[2]; r[3] = (unsigned)t[3];
