@@ -31,6 +31,7 @@
 #   SKIP_WHEEL=1   skip step 5        KEEP_WORK=1  keep the temporary work directory
 #   A_TESTS / B_TESTS / C_TESTS  override a lane's pytest arguments
 set -euo pipefail
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -52,6 +53,8 @@ trap cleanup EXIT
 step() { printf '\n==> [%4ss] %s\n' "$((SECONDS - T0))" "$*"; }
 die() { echo "aarch64_check.sh: ERROR: $*" >&2; exit 1; }
 TIMES=()
+# wall times swing with the machine's load; a lane's CPU time (bash's `times`) is about
+# its wall time on an idle core
 took() { TIMES+=("$(printf '%-44s %4ss' "$1" "$2")"); echo "    ($1: $2 s)"; }
 
 "$PY" -c 'import sys, Cython, setuptools, numpy
@@ -147,8 +150,8 @@ if [[ -n "${C_TESTS:-}" ]]; then C_ARGS=($C_TESTS); else C_ARGS=("${C_DEFAULT[@]
 expect() {
     local cpu=$1 isa=$2 want=$3
     FASTATTN_ISA=$isa qpy "$cpu" -c "import fastattn._dispatch as d, fastattn._kernels._cpu as c
-f = c.cpu_features() if hasattr(c, 'cpu_features') else ''
-print('  -cpu $cpu FASTATTN_ISA=${isa:-<unset>}: variant', d.VARIANT, '| features:', ' '.join(sorted(f)) if f else '?')
+f = sorted(k for k, v in c.cpu_features().items() if v)
+print('  -cpu $cpu FASTATTN_ISA=${isa:-<unset>}: variant', d.VARIANT, '| CPU features:', ' '.join(f))
 assert d.VARIANT == '$want', 'expected $want, got ' + d.VARIANT"
 }
 lane_a() {
@@ -156,7 +159,7 @@ lane_a() {
     echo "-- lane A: -cpu max,sve=off"
     expect max,sve=off "" neon_bf16
     qpy max,sve=off "${PYTEST[@]}" "${A_ARGS[@]}"
-    echo "-- lane A: $((SECONDS - t)) s"
+    echo "-- lane A: $((SECONDS - t)) s wall; CPU time user/sys of its processes: $(times | tail -1)"
 }
 lane_b() {
     local t=$SECONDS
@@ -168,7 +171,7 @@ lane_b() {
     echo "-- lane B: -cpu cortex-a72 FASTATTN_ISA=baseline"
     expect cortex-a72 baseline baseline
     FASTATTN_ISA=baseline qpy cortex-a72 "${PYTEST[@]}" "${C_ARGS[@]}"
-    echo "-- lane B (baseline): $((SECONDS - t)) s"
+    echo "-- lane B (baseline): $((SECONDS - t)) s wall; CPU time user/sys of lane B: $(times | tail -1)"
 }
 step "4. tests under qemu: lane A (max,sve=off) and lane B (cortex-a72, then baseline) in parallel"
 t=$SECONDS
