@@ -55,7 +55,10 @@ die() { echo "aarch64_check.sh: ERROR: $*" >&2; exit 1; }
 TIMES=()
 # wall times swing with the machine's load; a lane's CPU time (bash's `times`) is about
 # its wall time on an idle core
-took() { TIMES+=("$(printf '%-44s %4ss' "$1" "$2")"); echo "    ($1: $2 s)"; }
+took() {
+    local v="$2"; [[ "$v" == *[!0-9]* ]] || v="$v s"
+    TIMES+=("$(printf '%-40s %s' "$1" "$v")"); echo "    ($1: $v)"
+}
 
 "$PY" -c 'import sys, Cython, setuptools, numpy
 assert sys.version_info[:2] == (3, 11), "the host Python must be 3.11, like the target (wheel tags, .pyc files)"
@@ -159,7 +162,7 @@ lane_a() {
     echo "-- lane A: -cpu max,sve=off"
     expect max,sve=off "" neon_bf16
     qpy max,sve=off "${PYTEST[@]}" "${A_ARGS[@]}"
-    echo "-- lane A: $((SECONDS - t)) s wall; CPU time user/sys of its processes: $(times | tail -1)"
+    echo "-- lane A: $((SECONDS - t)) s"
 }
 lane_b() {
     local t=$SECONDS
@@ -171,26 +174,26 @@ lane_b() {
     echo "-- lane B: -cpu cortex-a72 FASTATTN_ISA=baseline"
     expect cortex-a72 baseline baseline
     FASTATTN_ISA=baseline qpy cortex-a72 "${PYTEST[@]}" "${C_ARGS[@]}"
-    echo "-- lane B (baseline): $((SECONDS - t)) s wall; CPU time user/sys of lane B: $(times | tail -1)"
+    echo "-- lane B (baseline): $((SECONDS - t)) s"
 }
 step "4. tests under qemu: lane A (max,sve=off) and lane B (cortex-a72, then baseline) in parallel"
-t=$SECONDS
-(cd "$SRC" && lane_a) > "$WORK/lane_a.log" 2>&1 &
+# each lane's wall time and the CPU time of its processes (bash's time keyword): the CPU
+# time is about what the lane takes on an idle core
+TIMEFORMAT='%0R s wall, %0U s CPU'
+(cd "$SRC" && { time lane_a > "$WORK/lane_a.log" 2>&1; } 2> "$WORK/lane_a.time") &
 PA=$!
-(cd "$SRC" && lane_b) > "$WORK/lane_b.log" 2>&1 &
+(cd "$SRC" && { time lane_b > "$WORK/lane_b.log" 2>&1; } 2> "$WORK/lane_b.time") &
 PB=$!
 RA=0; RB=0
 wait $PA || RA=$?
-ta=$((SECONDS - t))
 wait $PB || RB=$?
-tb=$((SECONDS - t))
 for l in a b; do
     echo "---------------------------------------------------------------- lane ${l^^}"
     # the progress dots are long lines: keep the summaries and failures
     grep -vE '^[.sxX]+ *(\[ *[0-9]+%\])?$' "$WORK/lane_$l.log" || true
 done
-took "lane A: max,sve=off neon_bf16" "$ta"
-took "lane B: cortex-a72 neon + baseline" "$tb"
+took "lane A: max,sve=off neon_bf16" "$(cat "$WORK/lane_a.time" 2>/dev/null || echo '?')"
+took "lane B: cortex-a72 neon + baseline" "$(cat "$WORK/lane_b.time" 2>/dev/null || echo '?')"
 (( RA == 0 )) || die "lane A (max,sve=off) failed"
 (( RB == 0 )) || die "lane B (cortex-a72 / baseline) failed"
 
