@@ -116,8 +116,8 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
     # tiles and register-blocked kernels (AVX-512, 8 heads, 4096 keys, D 128):
     # 4 rows 1.41x, 8 rows 1.33x, 12 rows 1.14-1.20x, 13-14 rows 1.10x, 15 rows 1.0x
     U.few = nr <= FEW_MAX_ROWS
-    U.k_in_place = U.few and P.k.sc == 1
-    U.v_in_place = U.few and P.v.sc == 1 and P.Dv % W == 0 and P.Dv > 0
+    U.k_in_place = U.few and P.k.sc == 1 and not is_quantized(&P.k)
+    U.v_in_place = U.few and P.v.sc == 1 and P.Dv % W == 0 and P.Dv > 0 and not is_quantized(&P.v)
     # few rows with keys and values read in place (decode, draft tokens, GQA
     # groups): each tile's P.V pass also computes the next tile's scores, so keys
     # and values stream side by side (one row: fa_pv_qk_row1, key by key; more
@@ -181,7 +181,9 @@ cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t
     cdef floating *s = <floating *>U.s
     cdef const char *kbase = stored_at(&P.k, U.kbo)
     cdef int v_nonfinite = 0
-    if not U.k_in_place:
+    if not U.k_in_place and is_quantized(&P.k):
+        pack_k_tile_quantized(P, ws, U.b, kt, t0, n)
+    elif not U.k_in_place:
         pack_k_tile(P, kt, kbase, t0, n)
     if not U.need_pv:
         v_nonfinite = 0
@@ -193,7 +195,10 @@ cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t
         ldv[0] = P.v.sr
         vstore[0] = P.v.store
     else:
-        v_nonfinite = pack_v_tile(P, <floating *>ws.vp, U.dvp, stored_at(&P.v, U.vbo), t0, n)
+        if is_quantized(&P.v):
+            v_nonfinite = dequant_tile(P, &P.v, &P.vs, &P.vz, P.vgroup, U.b, <floating *>ws.vp, U.dvp, t0, n, P.Dv)
+        else:
+            v_nonfinite = pack_v_tile(P, <floating *>ws.vp, U.dvp, stored_at(&P.v, U.vbo), t0, n)
         vsrc[0] = <const char *>ws.vp
         ldv[0] = U.dvp
         vstore[0] = native_store(<floating>0)
