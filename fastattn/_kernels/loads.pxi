@@ -165,6 +165,56 @@ cdef int dequant_tile(const Plan *P, const Operand *op, const Operand *sc, const
     return nonfinite
 
 
+cdef inline bint quantized_in_place(const Operand *op, int64_t G, floating dummy) noexcept nogil:
+    """Do the few-rows readers (fa_qk_rows_qz / fa_pv_rows_qz) read this QuantizedKV
+    k or v in place?  Float compute, groups of whole vectors."""
+    if floating is double:
+        return False
+    return is_quantized(op) and G % (FA_VBYTES // sizeof(float)) == 0
+
+
+cdef void qk_rows_quantized(const Plan *P, const floating *qp, int64_t nr, int64_t b, int64_t t0, int64_t n,
+                            floating *s) noexcept nogil:
+    """Scores s[i * BLOCK_K + j] of nr packed query rows against keys t0..t0+n-1 of a
+    QuantizedKV k read in place, run by run (quantized_in_place)."""
+    cdef const Operand *op = &P.k
+    cdef const char *base = stored_at(op, batch_offset(P, op, b))
+    cdef const float *scale = (<const float *>P.ks.base) + batch_offset(P, &P.ks, b)
+    cdef const float *zero = (<const float *>P.kz.base) + batch_offset(P, &P.kz, b)
+    cdef int bits = 8 if op.store == STORE_U8Z else 4
+    cdef int64_t t = t0, e
+    if floating is double:
+        return
+    else:
+        while t < t0 + n:
+            e = run_end(P, t, t0 + n)
+            fa_qk_rows_qz_f(qp, P.Dk, nr, P.Dk, <const uint8_t *>(base + row_at(P, op, t) * op.item), op.sr, bits,
+                            scale + row_at(P, &P.ks, t), P.ks.sr, P.ks.sc, zero + row_at(P, &P.kz, t), P.kz.sr,
+                            P.kz.sc, P.kgroup, e - t, s + (t - t0), BLOCK_K)
+            t = e
+
+
+cdef void pv_rows_quantized(const Plan *P, const floating *p, int64_t nr, int64_t b, int64_t t0, int64_t a,
+                            int64_t e, floating *o, int64_t dvp) noexcept nogil:
+    """O += P . V over keys t0+a..t0+e-1 (probability rows BLOCK_K apart, from tile
+    key t0) of a QuantizedKV v read in place, run by run (quantized_in_place)."""
+    cdef const Operand *op = &P.v
+    cdef const char *base = stored_at(op, batch_offset(P, op, b))
+    cdef const float *scale = (<const float *>P.vs.base) + batch_offset(P, &P.vs, b)
+    cdef const float *zero = (<const float *>P.vz.base) + batch_offset(P, &P.vz, b)
+    cdef int bits = 8 if op.store == STORE_U8Z else 4
+    cdef int64_t t = t0 + a, x
+    if floating is double:
+        return
+    else:
+        while t < t0 + e:
+            x = run_end(P, t, t0 + e)
+            fa_pv_rows_qz_f(p + (t - t0), BLOCK_K, nr, <const uint8_t *>(base + row_at(P, op, t) * op.item), op.sr,
+                            bits, scale + row_at(P, &P.vs, t), P.vs.sr, P.vs.sc, zero + row_at(P, &P.vz, t), P.vz.sr,
+                            P.vz.sc, P.vgroup, 0, x - t, o, dvp, P.Dv)
+            t = x
+
+
 cdef void pack_k_tile_quantized(const Plan *P, Workspace *ws, int64_t b, floating *kt, int64_t t0,
                                 int64_t n) noexcept nogil:
     """pack_k_tile for a QuantizedKV k: keys t0..t0+n-1 dequantized into the

@@ -66,3 +66,105 @@ static int FA_SFX(fa_dequant_rows)(const uint8_t *x, int64_t xsr, int bits, cons
     }
     return probe + FA_SFX(fa_hsum)(acc) != 0;     /* 0 or NaN */
 }
+
+#ifndef FA_DOUBLE
+/* The few-rows readers (decode, draft tokens, GQA groups) of a QuantizedKV read
+ * in place, G a multiple of W (every vector inside one group; D too then).
+ *
+ * Scores: per key and group, t = sum over the group's vectors of q . (codes -
+ * zero) -- the codes widened in registers, the zero point subtracted once for
+ * every row -- then score += scale * t (lanes), one horizontal sum per key and
+ * row: no dequantized key exists anywhere.  Rows of qp (ldq apart, pre-scaled)
+ * in blocks of 4; key j's codes at x + j * xsr, its scales / zero points at
+ * scale + j * ssr + g * ssc (zero likewise); s[i * lds + j]. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_rows_qz_body)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
+                           const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                           int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds, const int bits)
+{
+    /* the rows stream from memory: requested FA_PF_BYTES ahead (codes, scales, zero points) */
+    const int64_t rb = D * bits / 8, pf = fa_pf_rows_bytes(rb);
+    for (int64_t i0 = 0; i0 < nr; i0 += 4) {
+        const int R = nr - i0 < 4 ? (int)(nr - i0) : 4;
+        for (int64_t j = 0; j < n; j++) {
+            const uint8_t *xr = x + j * xsr;
+            const float *sr = scale + j * ssr, *zr = zero + j * zsr;
+            if (i0 == 0) {
+                fa_prefetch_bytes(xr + pf * xsr, rb);
+                __builtin_prefetch(sr + pf * ssr, 0, FA_PF_LOC);
+                __builtin_prefetch(zr + pf * zsr, 0, FA_PF_LOC);
+            }
+            FA_V acc[4];
+            for (int r = 0; r < 4; r++) acc[r] = FA_SFX(fa_set1)(0);
+            for (int64_t g = 0, d = 0; d < D; g++) {
+                const FA_V zb = FA_SFX(fa_set1)(zr[g * zsc]);
+                FA_V t[4];
+                for (int r = 0; r < 4; r++) t[r] = FA_SFX(fa_set1)(0);
+                for (const int64_t e = d + G; d < e; d += FA_W) {
+                    const FA_V c = (bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2)) - zb;
+                    for (int r = 0; r < R; r++) t[r] += FA_SFX(fa_load)(qp + (i0 + r) * ldq + d) * c;
+                }
+                const FA_V sb = FA_SFX(fa_set1)(sr[g * ssc]);
+                for (int r = 0; r < R; r++) acc[r] += t[r] * sb;
+            }
+            for (int r = 0; r < R; r++) s[(i0 + r) * lds + j] = FA_SFX(fa_hsum)(acc[r]);
+        }
+    }
+}
+
+static void FA_SFX(fa_qk_rows_qz)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
+                                  int bits, const float *scale, int64_t ssr, int64_t ssc, const float *zero,
+                                  int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds)
+{
+    if (bits == 8)
+        FA_SFX(fa_qk_rows_qz_body)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8);
+    else
+        FA_SFX(fa_qk_rows_qz_body)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4);
+}
+
+/* O += P . V over keys [k0, k1) of quantized values read in place: per output
+ * vector (one group) and key, (codes - zero) widened in registers and added
+ * with weight p * scale to each row's accumulator (rows in blocks of 4, p rows
+ * ldp apart, o rows ldo apart, D a multiple of W). */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_rows_qz_body)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr,
+                           const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                           int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D,
+                           const int bits)
+{
+    /* the rows stream from memory: requested FA_PF_BYTES ahead, while the first
+     * vector's pass walks them (the later passes find them in L1) */
+    const int64_t rb = D * bits / 8, pf = fa_pf_rows_bytes(rb);
+    for (int64_t i0 = 0; i0 < nr; i0 += 4) {
+        const int R = nr - i0 < 4 ? (int)(nr - i0) : 4;
+        for (int64_t d = 0; d < D; d += FA_W) {
+            const int64_t g = d / G;
+            FA_V acc[4];
+            for (int r = 0; r < R; r++) acc[r] = FA_SFX(fa_load)(o + (i0 + r) * ldo + d);
+            for (int64_t j = k0; j < k1; j++) {
+                const uint8_t *xr = x + j * xsr;
+                if (d == 0 && i0 == 0) {
+                    fa_prefetch_bytes(xr + pf * xsr, rb);
+                    __builtin_prefetch(scale + (j + pf) * ssr, 0, FA_PF_LOC);
+                    __builtin_prefetch(zero + (j + pf) * zsr, 0, FA_PF_LOC);
+                }
+                const FA_V c = (bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2))
+                               - FA_SFX(fa_set1)(zero[j * zsr + g * zsc]);
+                const float sj = scale[j * ssr + g * ssc];
+                for (int r = 0; r < R; r++) acc[r] += c * FA_SFX(fa_set1)(p[(i0 + r) * ldp + j] * sj);
+            }
+            for (int r = 0; r < R; r++) FA_SFX(fa_store)(o + (i0 + r) * ldo + d, acc[r]);
+        }
+    }
+}
+
+static void FA_SFX(fa_pv_rows_qz)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr, int bits,
+                                  const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                                  int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D)
+{
+    if (bits == 8)
+        FA_SFX(fa_pv_rows_qz_body)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 8);
+    else
+        FA_SFX(fa_pv_rows_qz_body)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4);
+}
+#endif
