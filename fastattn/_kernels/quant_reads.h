@@ -122,38 +122,81 @@ static void FA_SFX(fa_qk_rows_qz)(const float *qp, int64_t ldq, int64_t nr, int6
         FA_SFX(fa_qk_rows_qz_body)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4);
 }
 
-/* O += P . V over keys [k0, k1) of quantized values read in place: per output
- * vector (one group) and key, (codes - zero) widened in registers and added
- * with weight p * scale to each row's accumulator (rows in blocks of 4, p rows
- * ldp apart, o rows ldo apart, D a multiple of W). */
+/* O += P . V over keys [k0, k1) of quantized values read in place: R rows (p
+ * rows ldp apart, o rows ldo apart) and NB output vectors from column d held in
+ * registers while the keys stream by once: per key and vector, (codes - zero)
+ * widened in registers and added with weight p * scale. */
 static inline __attribute__((always_inline)) void
-FA_SFX(fa_pv_rows_qz_body)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr,
+FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
+                      int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t k0, int64_t k1,
+                      float *o, int64_t ldo, int64_t d, const int R, const int NB, const int bits, int64_t pf,
+                      int64_t rb)
+{
+    FA_V acc[4][8];
+    int64_t so[8], zo[8];
+    FA_UNROLL for (int b = 0; b < NB; b++) {
+        so[b] = (d + b * FA_W) / G * ssc;
+        zo[b] = (d + b * FA_W) / G * zsc;
+        FA_UNROLL for (int r = 0; r < R; r++) acc[r][b] = FA_SFX(fa_load)(o + r * ldo + d + b * FA_W);
+    }
+    for (int64_t j = k0; j < k1; j++) {
+        const uint8_t *xr = x + j * xsr;
+        const float *sr = scale + j * ssr, *zr = zero + j * zsr;
+        if (pf) {
+            fa_prefetch_bytes(xr + pf * xsr, rb);
+            __builtin_prefetch(sr + pf * ssr, 0, FA_PF_LOC);
+            __builtin_prefetch(zr + pf * zsr, 0, FA_PF_LOC);
+        }
+        float pj[4];
+        FA_UNROLL for (int r = 0; r < R; r++) pj[r] = p[r * ldp + j];
+        FA_UNROLL for (int b = 0; b < NB; b++) {
+            const int64_t e = d + b * FA_W;
+            const FA_V c = (bits == 8 ? fa_load_u8(xr + e) : fa_load_u4(xr + e / 2)) - FA_SFX(fa_set1)(zr[zo[b]]);
+            const float sj = sr[so[b]];
+            FA_UNROLL for (int r = 0; r < R; r++) acc[r][b] += c * FA_SFX(fa_set1)(pj[r] * sj);
+        }
+    }
+    FA_UNROLL for (int b = 0; b < NB; b++)
+        FA_UNROLL for (int r = 0; r < R; r++) FA_SFX(fa_store)(o + r * ldo + d + b * FA_W, acc[r][b]);
+}
+
+/* R rows over every column: blocks of NB vectors (a last one of fewer), the
+ * first block's pass requesting the rows ahead (the later blocks find them in
+ * cache). */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_rows_qz_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
+                        int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t k0, int64_t k1,
+                        float *o, int64_t ldo, int64_t D, const int R, const int bits)
+{
+    const int NB = R == 1 ? 8 : R == 2 ? 4 : 2;
+    const int64_t rb = D * bits / 8, pfr = fa_pf_rows_bytes(rb);
+    int64_t d = 0;
+    for (; d + NB * FA_W <= D; d += NB * FA_W)
+        FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, R, NB, bits,
+                              d == 0 ? pfr : 0, rb);
+    for (; d < D; d += FA_W)
+        FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, R, 1, bits,
+                              d == 0 ? pfr : 0, rb);
+}
+
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_rows_qz_bits)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr,
                            const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
                            int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D,
                            const int bits)
 {
-    /* the rows stream from memory: requested FA_PF_BYTES ahead, while the first
-     * vector's pass walks them (the later passes find them in L1) */
-    const int64_t rb = D * bits / 8, pf = fa_pf_rows_bytes(rb);
     for (int64_t i0 = 0; i0 < nr; i0 += 4) {
-        const int R = nr - i0 < 4 ? (int)(nr - i0) : 4;
-        for (int64_t d = 0; d < D; d += FA_W) {
-            const int64_t g = d / G;
-            FA_V acc[4];
-            for (int r = 0; r < R; r++) acc[r] = FA_SFX(fa_load)(o + (i0 + r) * ldo + d);
-            for (int64_t j = k0; j < k1; j++) {
-                const uint8_t *xr = x + j * xsr;
-                if (d == 0 && i0 == 0) {
-                    fa_prefetch_bytes(xr + pf * xsr, rb);
-                    __builtin_prefetch(scale + (j + pf) * ssr, 0, FA_PF_LOC);
-                    __builtin_prefetch(zero + (j + pf) * zsr, 0, FA_PF_LOC);
-                }
-                const FA_V c = (bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2))
-                               - FA_SFX(fa_set1)(zero[j * zsr + g * zsc]);
-                const float sj = scale[j * ssr + g * ssc];
-                for (int r = 0; r < R; r++) acc[r] += c * FA_SFX(fa_set1)(p[(i0 + r) * ldp + j] * sj);
-            }
-            for (int r = 0; r < R; r++) FA_SFX(fa_store)(o + (i0 + r) * ldo + d, acc[r]);
+        const float *pi = p + i0 * ldp;
+        float *oi = o + i0 * ldo;
+        switch (nr - i0 < 4 ? (int)(nr - i0) : 4) {
+        case 1: FA_SFX(fa_pv_rows_qz_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 1,
+                                        bits); break;
+        case 2: FA_SFX(fa_pv_rows_qz_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 2,
+                                        bits); break;
+        case 3: FA_SFX(fa_pv_rows_qz_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 3,
+                                        bits); break;
+        default: FA_SFX(fa_pv_rows_qz_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 4,
+                                         bits); break;
         }
     }
 }
@@ -163,8 +206,8 @@ static void FA_SFX(fa_pv_rows_qz)(const float *p, int64_t ldp, int64_t nr, const
                                   int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D)
 {
     if (bits == 8)
-        FA_SFX(fa_pv_rows_qz_body)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 8);
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 8);
     else
-        FA_SFX(fa_pv_rows_qz_body)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4);
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4);
 }
 #endif
