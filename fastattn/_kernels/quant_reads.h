@@ -11,6 +11,20 @@
  * Double compute: element by element (a float64 query with a quantized cache).
  * Part of the per-type body (simd_body.h).  Not a standalone header. */
 
+#ifndef FA_DOUBLE
+/* 2 W codes of a row from element e (even) into c[0], c[1] */
+static inline __attribute__((always_inline)) void FA_SFX(fa_codes2)(const uint8_t *xr, int64_t e, const int bits,
+                                                                   FA_V *c)
+{
+    if (bits == 8) {
+        c[0] = fa_load_u8(xr + e);
+        c[1] = fa_load_u8(xr + e + FA_W);
+    } else {
+        fa_load2_u4(xr + e / 2, c);
+    }
+}
+#endif
+
 static inline FA_T FA_SFX(fa_code_at)(const uint8_t *x, int bits, int64_t d)
 {
     return (FA_T)(bits == 8 ? x[d] : (x[d >> 1] >> ((d & 1) * 4)) & 15);
@@ -100,7 +114,17 @@ FA_SFX(fa_qk_rows_qz_body)(const float *qp, int64_t ldq, int64_t nr, int64_t D, 
                 const FA_V zb = FA_SFX(fa_set1)(zr[g * zsc]);
                 FA_V t[4];
                 for (int r = 0; r < 4; r++) t[r] = FA_SFX(fa_set1)(0);
-                for (const int64_t e = d + G; d < e; d += FA_W) {
+                const int64_t e = d + G;
+                for (; d + 2 * FA_W <= e; d += 2 * FA_W) {
+                    FA_V c[2];
+                    FA_SFX(fa_codes2)(xr, d, bits, c);
+                    c[0] -= zb;
+                    c[1] -= zb;
+                    for (int r = 0; r < R; r++)
+                        t[r] += FA_SFX(fa_load)(qp + (i0 + r) * ldq + d) * c[0]
+                              + FA_SFX(fa_load)(qp + (i0 + r) * ldq + d + FA_W) * c[1];
+                }
+                for (; d < e; d += FA_W) {
                     const FA_V c = (bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2)) - zb;
                     for (int r = 0; r < R; r++) t[r] += FA_SFX(fa_load)(qp + (i0 + r) * ldq + d) * c;
                 }
@@ -112,11 +136,65 @@ FA_SFX(fa_qk_rows_qz_body)(const float *qp, int64_t ldq, int64_t nr, int64_t D, 
     }
 }
 
+/* One key's score into acc (lanes still to be summed): sum over groups of
+ * scale_g * q_g . (codes_g - zero_g). */
+static inline __attribute__((always_inline)) FA_V
+FA_SFX(fa_qz_key1)(const float *q, int64_t D, const uint8_t *xr, const float *sr, int64_t ssc, const float *zr,
+                   int64_t zsc, int64_t G, const int bits)
+{
+    FA_V acc = FA_SFX(fa_set1)(0);
+    for (int64_t g = 0, d = 0; d < D; g++) {
+        const FA_V zb = FA_SFX(fa_set1)(zr[g * zsc]);
+        FA_V t = FA_SFX(fa_set1)(0);
+        const int64_t e = d + G;
+        for (; d + 2 * FA_W <= e; d += 2 * FA_W) {
+            FA_V c[2];
+            FA_SFX(fa_codes2)(xr, d, bits, c);
+            t += FA_SFX(fa_load)(q + d) * (c[0] - zb) + FA_SFX(fa_load)(q + d + FA_W) * (c[1] - zb);
+        }
+        for (; d < e; d += FA_W)
+            t += FA_SFX(fa_load)(q + d) * ((bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2)) - zb);
+        acc += t * FA_SFX(fa_set1)(sr[g * ssc]);
+    }
+    return acc;
+}
+
+/* One row: W keys at a time, their W accumulators summed by one
+ * transpose-and-add tree instead of W horizontal sums. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_row1_qz)(const float *q, int64_t D, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
+                      int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s,
+                      const int bits)
+{
+    const int64_t rb = D * bits / 8, pf = fa_pf_rows_bytes(rb);
+    int64_t j = 0;
+    for (; j + FA_W <= n; j += FA_W) {
+        FA_V acc[FA_W];
+        FA_UNROLL for (int u = 0; u < FA_W; u++) {
+            const uint8_t *xr = x + (j + u) * xsr;
+            const float *sr = scale + (j + u) * ssr, *zr = zero + (j + u) * zsr;
+            fa_prefetch_bytes(xr + pf * xsr, rb);
+            __builtin_prefetch(sr + pf * ssr, 0, FA_PF_LOC);
+            __builtin_prefetch(zr + pf * zsr, 0, FA_PF_LOC);
+            acc[u] = FA_SFX(fa_qz_key1)(q, D, xr, sr, ssc, zr, zsc, G, bits);
+        }
+        FA_SFX(fa_transpose_add)(acc);
+        FA_SFX(fa_store)(s + j, acc[0]);
+    }
+    for (; j < n; j++)
+        s[j] = FA_SFX(fa_hsum)(FA_SFX(fa_qz_key1)(q, D, x + j * xsr, scale + j * ssr, ssc, zero + j * zsr, zsc, G,
+                                                   bits));
+}
+
 static void FA_SFX(fa_qk_rows_qz)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
                                   int bits, const float *scale, int64_t ssr, int64_t ssc, const float *zero,
                                   int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds)
 {
-    if (bits == 8)
+    if (nr == 1 && bits == 8)
+        FA_SFX(fa_qk_row1_qz)(qp, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, 8);
+    else if (nr == 1)
+        FA_SFX(fa_qk_row1_qz)(qp, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, 4);
+    else if (bits == 8)
         FA_SFX(fa_qk_rows_qz_body)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8);
     else
         FA_SFX(fa_qk_rows_qz_body)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4);
@@ -149,11 +227,15 @@ FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr
         }
         float pj[4];
         FA_UNROLL for (int r = 0; r < R; r++) pj[r] = p[r * ldp + j];
+        FA_V c[8];
+        if (NB == 1)
+            c[0] = bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2);
+        else
+            FA_UNROLL for (int b = 0; b < NB; b += 2) FA_SFX(fa_codes2)(xr, d + b * FA_W, bits, c + b);
         FA_UNROLL for (int b = 0; b < NB; b++) {
-            const int64_t e = d + b * FA_W;
-            const FA_V c = (bits == 8 ? fa_load_u8(xr + e) : fa_load_u4(xr + e / 2)) - FA_SFX(fa_set1)(zr[zo[b]]);
+            const FA_V cz = c[b] - FA_SFX(fa_set1)(zr[zo[b]]);
             const float sj = sr[so[b]];
-            FA_UNROLL for (int r = 0; r < R; r++) acc[r][b] += c * FA_SFX(fa_set1)(pj[r] * sj);
+            FA_UNROLL for (int r = 0; r < R; r++) acc[r][b] += cz * FA_SFX(fa_set1)(pj[r] * sj);
         }
     }
     FA_UNROLL for (int b = 0; b < NB; b++)

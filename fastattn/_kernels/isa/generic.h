@@ -72,5 +72,6 @@
 /* QuantizedKV codes: the portable vector code (isa/portable.h) */
 #define fa_load_u8 fa_port_load_u8
 #define fa_load_u4 fa_port_load_u4
+#define fa_load2_u4 fa_port_load2_u4
 
 #endif /* FASTATTN_ISA_TARGET_H */

@@ -193,6 +193,18 @@ static inline fa_v_f fa_load_u4(const uint8_t *p)
     return vcvtq_f32_u32(vandq_u32(x, vdupq_n_u32(15)));
 }
 
+/* 8 codes from 4 bytes: the low and high nibbles (AND, USHR) zipped (ZIP1:
+ * even element first), then UXTL twice and UCVTF */
+static inline void fa_load2_u4(const uint8_t *p, fa_v_f *v)
+{
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    const uint8x8_t b = vcreate_u8(w), m = vdup_n_u8(15);
+    const uint16x8_t c = vmovl_u8(vzip1_u8(vand_u8(b, m), vshr_n_u8(b, 4)));
+    v[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(c)));
+    v[1] = vcvtq_f32_u32(vmovl_high_u16(c));
+}
+
 /* float8: the portable bit arithmetic (isa/portable.h) */
 #define fa_f8e4_to_f32 fa_port_f8e4_to_f32
 #define fa_f8e5_to_f32 fa_port_f8e5_to_f32

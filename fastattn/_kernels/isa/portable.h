@@ -27,7 +27,8 @@
  *   IEEE half): fa_f8e4_to_f32 / fa_f8e5_to_f32 (scalar), fa_load_f8e4,
  *   fa_load_part_f8e4, fa_load4_f8e4, the same for f8e5.
  *   QuantizedKV codes: fa_load_u8 (W codes from W bytes), fa_load_u4 (W 4-bit
- *   codes from W / 2 bytes, the even element in the low nibble).
+ *   codes from W / 2 bytes, the even element in the low nibble), fa_load2_u4
+ *   (2 W 4-bit codes from W bytes into v[0], v[1]).
  * Byte masks: fa_transpose_u8x16(r), 16 rows of 16 bytes transposed in place.
  * Not a standalone header. */
 #ifndef FASTATTN_ISA_PORTABLE_H
@@ -317,6 +318,13 @@ static inline fa_v_f fa_port_load_u4(const uint8_t *p)
         sh[e] = (e & 1) * 4;
     }
     return __builtin_convertvector((w >> sh) & 15, fa_v_f);
+}
+
+/* 2 W 4-bit codes from W bytes: v[0], v[1] */
+static inline void fa_port_load2_u4(const uint8_t *p, fa_v_f *v)
+{
+    v[0] = fa_port_load_u4(p);
+    v[1] = fa_port_load_u4(p + FA_WF / 2);
 }
 
 /* float8: the bytes zero-extended to 32-bit lanes, then bit arithmetic on all
