@@ -59,7 +59,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(mask)
             and plain(bias) and plain(out) and plain(kv_lengths) and plain(kv_start) and plain(alibi_slopes)
             and plain(k_scale) and plain(v_scale) and plain(sinks)):
-        result = _foreign_attention(q, k, v, dict(
+        result = _foreign_attention(q, k if kq is None else kq, v if vq is None else vq, dict(
             scale=scale, causal=causal, mask=mask, bias=bias, window=window, kv_lengths=kv_lengths,
             kv_start=kv_start, align=align, softcap=softcap, alibi_slopes=alibi_slopes, k_scale=k_scale,
             v_scale=v_scale, sinks=sinks, return_weights=return_weights, return_lse=return_lse, out=out,
