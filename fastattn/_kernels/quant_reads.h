@@ -39,8 +39,6 @@ static int FA_SFX(fa_dequant_rows)(const uint8_t *x, int64_t xsr, int bits, cons
                                    int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t n, int64_t D,
                                    int64_t G, FA_T *dst, int64_t ld)
 {
-    FA_V acc = FA_SFX(fa_set1)(0);
-    FA_T probe = 0;
     for (int64_t j = 0; j < n; j++) {
         const uint8_t *xr = x + j * xsr;
         const float *sr = scale + j * ssr, *zr = zero + j * zsr;
@@ -51,9 +49,7 @@ static int FA_SFX(fa_dequant_rows)(const uint8_t *x, int64_t xsr, int bits, cons
             for (; d + FA_W <= D; d += FA_W) {
                 const int64_t g = d / G;
                 const FA_V c = bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2);
-                const FA_V v = (c - FA_SFX(fa_set1)(zr[g * zsc])) * FA_SFX(fa_set1)(sr[g * ssc]);
-                FA_SFX(fa_store)(y + d, v);
-                acc += v * 0;
+                FA_SFX(fa_store)(y + d, (c - FA_SFX(fa_set1)(zr[g * zsc])) * FA_SFX(fa_set1)(sr[g * ssc]));
             }
         } else {
             for (; d + FA_W <= D; d += FA_W) {
@@ -64,21 +60,18 @@ static int FA_SFX(fa_dequant_rows)(const uint8_t *x, int64_t xsr, int bits, cons
                     zv[i] = zr[g * zsc];
                 }
                 const FA_V c = bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2);
-                const FA_V v = (c - FA_SFX(fa_load)(zv)) * FA_SFX(fa_load)(sv);
-                FA_SFX(fa_store)(y + d, v);
-                acc += v * 0;
+                FA_SFX(fa_store)(y + d, (c - FA_SFX(fa_load)(zv)) * FA_SFX(fa_load)(sv));
             }
         }
 #endif
         for (; d < D; d++) {
             const int64_t g = d / G;
-            const FA_T v = (FA_SFX(fa_code_at)(xr, bits, d) - (FA_T)zr[g * zsc]) * (FA_T)sr[g * ssc];
-            y[d] = v;
-            probe += v * 0;
+            y[d] = (FA_SFX(fa_code_at)(xr, bits, d) - (FA_T)zr[g * zsc]) * (FA_T)sr[g * ssc];
         }
         for (d = D; d < ld; d++) y[d] = 0;
     }
-    return probe + FA_SFX(fa_hsum)(acc) != 0;     /* 0 or NaN */
+    /* the inf / NaN probe: a pass of its own over the tile, which is in cache */
+    return FA_SFX(fa_block_nonfinite)(dst, n, D, ld, 1);
 }
 
 #ifndef FA_DOUBLE
