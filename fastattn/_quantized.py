@@ -46,11 +46,10 @@ def _check_group_size(group_size, D, bits):
 
 
 class QuantizedKV:
-    """A quantized key or value cache of logical shape ``(..., L, D)``: uint8
-    codes with a float32 scale and zero point per group of ``group_size``
-    elements of the last axis.
+    """A quantized key or value cache of logical shape ``(..., L, D)``.
 
-    Element ``d`` of a row is ``(code - zero[..., d // group_size]) *
+    uint8 codes with a float32 scale and zero point per group of
+    ``group_size`` elements of the last axis.  Element ``d`` of a row is ``(code - zero[..., d // group_size]) *
     scale[..., d // group_size]``.  ``bits=8``: ``data`` has the logical shape,
     one code (0..255) per byte.  ``bits=4``: ``data`` has shape ``(..., L, D //
     2)``, element ``2i`` of a row in the **low** nibble of byte ``i`` and element
@@ -93,6 +92,11 @@ class QuantizedKV:
         ``bits`` not 4 or 8, ``group_size`` not dividing D (or odd for 4 bits),
         ``scale`` / ``zero`` of the wrong shape or not finite.  Each message
         names the field.
+
+    See Also
+    --------
+    quantize_kv : Quantizes an array into this layout.
+    fastattn.attention : Takes a QuantizedKV for ``k`` and / or ``v``.
 
     Examples
     --------
@@ -174,10 +178,9 @@ class QuantizedKV:
 
 
 def quantize_kv(x, bits=8, group_size=None):
-    """Quantize a key or value array to a :class:`QuantizedKV` (asymmetric
-    min/max quantization per group of the last axis).
+    """Quantize a key or value array to a :class:`QuantizedKV`.
 
-    For each group of ``group_size`` elements of a row: ``scale = (max - min) /
+    Asymmetric min/max quantization per group of the last axis.  For each group of ``group_size`` elements of a row: ``scale = (max - min) /
     (2**bits - 1)``, ``zero = -min / scale``, ``code = clip(round(x / scale +
     zero), 0, 2**bits - 1)``: code 0 stands for the group's minimum, the top code
     for its maximum, and every element comes back within ``scale / 2`` (up to
@@ -197,6 +200,9 @@ def quantize_kv(x, bits=8, group_size=None):
     Returns
     -------
     QuantizedKV
+        The codes, scales and zero points of ``x``, of logical shape
+        ``x.shape``; :func:`fastattn.attention` and
+        :func:`fastattn.attention_paged` read it in place.
 
     Raises
     ------
@@ -205,6 +211,11 @@ def quantize_kv(x, bits=8, group_size=None):
         group_size not dividing D.
     TypeError
         A non-real x.
+
+    See Also
+    --------
+    QuantizedKV : Wraps existing buffers in the same layout.
+    fastattn.attention : Takes a QuantizedKV for ``k`` and / or ``v``.
 
     Examples
     --------
