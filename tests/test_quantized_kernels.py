@@ -282,3 +282,16 @@ def test_quantized_cache_is_smaller_and_close_to_float():
         got = fastattn.attention(q, quantize_kv(k, bits=bits), quantize_kv(v, bits=bits))
         rel = np.sqrt(np.mean((got - exact) ** 2) / np.mean(exact ** 2))
         assert rel < tol, (bits, rel)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rows_of_a_unit_do_not_change_a_row(bits):
+    """Decode of a GQA group (4 rows read the codes together) gives each row the
+    bits of that row decoded alone: the scores' lanes are summed in one order."""
+    rng = rng_for(bits, "rows")
+    k = quantized(rng, (1, 1, 700, 64), bits, 32)
+    v = quantized(rng, (1, 1, 700, 64), bits, 32)
+    q = rng.standard_normal((1, 4, 1, 64)).astype(np.float32)
+    together = fastattn.attention(q, k, v)
+    for h in range(4):
+        np.testing.assert_array_equal(fastattn.attention(q[:, h:h + 1], k, v)[:, 0], together[:, h])

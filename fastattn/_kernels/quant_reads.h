@@ -78,119 +78,111 @@ static int FA_SFX(fa_dequant_rows)(const uint8_t *x, int64_t xsr, int bits, cons
 /* The few-rows readers (decode, draft tokens, GQA groups) of a QuantizedKV read
  * in place, G a multiple of W (every vector inside one group; D too then).
  *
- * Scores: per key and group, t = sum over the group's vectors of q . (codes -
- * zero) -- the codes widened in registers, the zero point subtracted once for
- * every row -- then score += scale * t (lanes), one horizontal sum per key and
- * row: no dequantized key exists anywhere.  Rows of qp (ldq apart, pre-scaled)
- * in blocks of 4; key j's codes at x + j * xsr, its scales / zero points at
- * scale + j * ssr + g * ssc (zero likewise); s[i * lds + j]. */
+ * Scores: each key vector dequantized in registers, (codes - zero) * scale
+ * (the values fa_dequant_rows would store), and multiplied into the rows'
+ * accumulators, which are summed by transpose-and-add trees: no dequantized
+ * key exists in memory.  Every path sums a score's lanes in the same order
+ * (fa_hsum's), so a score does not depend on the rows of its unit or on the
+ * key's place in a pass.  Rows of qp (ldq apart, pre-scaled); key j's codes at
+ * x + j * xsr, its scales / zero points at scale + j * ssr + g * ssc (zero
+ * likewise); s[i * lds + j]. */
+
+/* Key vectors of U keys (u < nk) dequantized: the W elements from d, group g */
 static inline __attribute__((always_inline)) void
-FA_SFX(fa_qk_rows_qz_body)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
-                           const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
-                           int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds, const int bits)
+FA_SFX(fa_qz_dequant_keys)(const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr, const float *zero,
+                           int64_t zsr, int64_t gs, int64_t gz, int64_t d, const int U, int nk, const int bits,
+                           FA_V *c)
 {
-    /* the rows stream from memory: requested FA_PF_BYTES ahead (codes, scales, zero points) */
-    const int64_t rb = D * bits / 8, pf = fa_pf_rows_bytes(rb);
-    for (int64_t i0 = 0; i0 < nr; i0 += 4) {
-        const int R = nr - i0 < 4 ? (int)(nr - i0) : 4;
-        for (int64_t j = 0; j < n; j++) {
-            const uint8_t *xr = x + j * xsr;
-            const float *sr = scale + j * ssr, *zr = zero + j * zsr;
-            if (i0 == 0) {
-                fa_prefetch_bytes(xr + pf * xsr, rb);
-                __builtin_prefetch(sr + pf * ssr, 0, FA_PF_LOC);
-                __builtin_prefetch(zr + pf * zsr, 0, FA_PF_LOC);
-            }
-            FA_V acc[4];
-            for (int r = 0; r < 4; r++) acc[r] = FA_SFX(fa_set1)(0);
-            for (int64_t g = 0, d = 0; d < D; g++) {
-                const FA_V zb = FA_SFX(fa_set1)(zr[g * zsc]);
-                FA_V t[4];
-                for (int r = 0; r < 4; r++) t[r] = FA_SFX(fa_set1)(0);
-                const int64_t e = d + G;
-                for (; d + 2 * FA_W <= e; d += 2 * FA_W) {
-                    FA_V c[2];
-                    FA_SFX(fa_codes2)(xr, d, bits, c);
-                    c[0] -= zb;
-                    c[1] -= zb;
-                    for (int r = 0; r < R; r++)
-                        t[r] += FA_SFX(fa_load)(qp + (i0 + r) * ldq + d) * c[0]
-                              + FA_SFX(fa_load)(qp + (i0 + r) * ldq + d + FA_W) * c[1];
-                }
-                for (; d < e; d += FA_W) {
-                    const FA_V c = (bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2)) - zb;
-                    for (int r = 0; r < R; r++) t[r] += FA_SFX(fa_load)(qp + (i0 + r) * ldq + d) * c;
-                }
-                const FA_V sb = FA_SFX(fa_set1)(sr[g * ssc]);
-                for (int r = 0; r < R; r++) acc[r] += t[r] * sb;
-            }
-            for (int r = 0; r < R; r++) s[(i0 + r) * lds + j] = FA_SFX(fa_hsum)(acc[r]);
+    FA_UNROLL for (int u = 0; u < U; u++)
+        if (u < nk) {
+            const uint8_t *xr = x + u * xsr;
+            c[u] = ((bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2)) - FA_SFX(fa_set1)(zero[u * zsr + gz]))
+                   * FA_SFX(fa_set1)(scale[u * ssr + gs]);
         }
-    }
 }
 
-/* One key's score into acc (lanes still to be summed): sum over groups of
- * scale_g * q_g . (codes_g - zero_g). */
-static inline __attribute__((always_inline)) FA_V
-FA_SFX(fa_qz_key1)(const float *q, int64_t D, const uint8_t *xr, const float *sr, int64_t ssc, const float *zr,
-                   int64_t zsc, int64_t G, const int bits)
+/* R rows (a power of two, R <= W) against U = W / R keys in one pass: one
+ * accumulator per (row, key), each key vector dequantized once for the R rows,
+ * one transpose-and-add tree; the first nrow rows' scores of the first nk keys
+ * stored.  pf: rows requested that many keys ahead. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64_t D, const uint8_t *x, int64_t xsr,
+                      const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
+                      int64_t G, int nk, float *s, int64_t lds, const int bits, int64_t pf)
 {
-    FA_V acc = FA_SFX(fa_set1)(0);
-    for (int64_t g = 0, d = 0; d < D; g++) {
-        const FA_V zb = FA_SFX(fa_set1)(zr[g * zsc]);
-        FA_V t = FA_SFX(fa_set1)(0);
-        const int64_t e = d + G;
-        for (; d + 2 * FA_W <= e; d += 2 * FA_W) {
-            FA_V c[2];
-            FA_SFX(fa_codes2)(xr, d, bits, c);
-            t += FA_SFX(fa_load)(q + d) * (c[0] - zb) + FA_SFX(fa_load)(q + d + FA_W) * (c[1] - zb);
+    const int U = FA_W / R;
+    const int64_t rb = D * bits / 8;
+    FA_V r[FA_W];
+    FA_UNROLL for (int a = 0; a < FA_W; a++) r[a] = FA_SFX(fa_set1)(0);
+    if (pf)
+        for (int u = 0; u < nk; u++) {
+            fa_prefetch_bytes(x + (u + pf) * xsr, rb);
+            __builtin_prefetch(scale + (u + pf) * ssr, 0, FA_PF_LOC);
+            __builtin_prefetch(zero + (u + pf) * zsr, 0, FA_PF_LOC);
         }
-        for (; d < e; d += FA_W)
-            t += FA_SFX(fa_load)(q + d) * ((bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2)) - zb);
-        acc += t * FA_SFX(fa_set1)(sr[g * ssc]);
+    for (int64_t d = 0; d < D; d += FA_W) {
+        const int64_t g = d / G;
+        FA_V c[FA_W];
+        FA_SFX(fa_qz_dequant_keys)(x, xsr, scale, ssr, zero, zsr, g * ssc, g * zsc, d, U, nk, bits, c);
+        FA_UNROLL for (int i = 0; i < R; i++) {
+            const FA_V qv = FA_SFX(fa_load)(qp + i * ldq + d);
+            FA_UNROLL for (int u = 0; u < U; u++)
+                if (u < nk) r[i * U + u] += qv * c[u];
+        }
     }
-    return acc;
+    FA_SFX(fa_transpose_add)(r);
+    float t[FA_W];
+    FA_SFX(fa_store)(t, r[0]);
+    for (int i = 0; i < nrow; i++)
+        for (int u = 0; u < nk; u++) s[i * lds + u] = t[i * U + u];
 }
 
-/* One row: W keys at a time, their W accumulators summed by one
- * transpose-and-add tree instead of W horizontal sums. */
 static inline __attribute__((always_inline)) void
-FA_SFX(fa_qk_row1_qz)(const float *q, int64_t D, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
-                      int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s,
-                      const int bits)
+FA_SFX(fa_qk_rows_qz_r)(const float *qp, int64_t ldq, const int R, int nrow, int64_t D, const uint8_t *x,
+                        int64_t xsr, const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                        int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds, const int bits)
 {
-    const int64_t rb = D * bits / 8, pf = fa_pf_rows_bytes(rb);
+    const int U = FA_W / R;
+    const int64_t pfr = fa_pf_rows_bytes(D * bits / 8), pf = pfr > U ? pfr : U;
     int64_t j = 0;
-    for (; j + FA_W <= n; j += FA_W) {
-        FA_V acc[FA_W];
-        FA_UNROLL for (int u = 0; u < FA_W; u++) {
-            const uint8_t *xr = x + (j + u) * xsr;
-            const float *sr = scale + (j + u) * ssr, *zr = zero + (j + u) * zsr;
-            fa_prefetch_bytes(xr + pf * xsr, rb);
-            __builtin_prefetch(sr + pf * ssr, 0, FA_PF_LOC);
-            __builtin_prefetch(zr + pf * zsr, 0, FA_PF_LOC);
-            acc[u] = FA_SFX(fa_qz_key1)(q, D, xr, sr, ssc, zr, zsc, G, bits);
-        }
-        FA_SFX(fa_transpose_add)(acc);
-        FA_SFX(fa_store)(s + j, acc[0]);
+    for (; j + U <= n; j += U)
+        FA_SFX(fa_qk_pass_qz)(qp, ldq, R, nrow, D, x + j * xsr, xsr, scale + j * ssr, ssr, ssc, zero + j * zsr, zsr,
+                              zsc, G, U, s + j, lds, bits, pf);
+    if (j < n)
+        FA_SFX(fa_qk_pass_qz)(qp, ldq, R, nrow, D, x + j * xsr, xsr, scale + j * ssr, ssr, ssc, zero + j * zsr, zsr,
+                              zsc, G, (int)(n - j), s + j, lds, bits, 0);
+}
+
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_rows_qz_bits)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
+                           const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
+                           int64_t G, int64_t n, float *s, int64_t lds, const int bits)
+{
+    /* blocks of up to 4 rows (qp holds zero rows up to nr rounded up: rows_alloc),
+     * 3 rows as 4; one row: W keys per pass */
+    for (int64_t i0 = 0; i0 < nr; i0 += 4) {
+        const int rows = nr - i0 < 4 ? (int)(nr - i0) : 4;
+        const float *q = qp + i0 * ldq;
+        float *si = s + i0 * lds;
+        if (rows == 1)
+            FA_SFX(fa_qk_rows_qz_r)(q, ldq, 1, 1, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, si, lds, bits);
+        else if (rows == 2 || FA_W < 4)
+            for (int a = 0; a < rows; a += 2)
+                FA_SFX(fa_qk_rows_qz_r)(q + a * ldq, ldq, 2, rows - a < 2 ? rows - a : 2, D, x, xsr, scale, ssr,
+                                        ssc, zero, zsr, zsc, G, n, si + a * lds, lds, bits);
+        else
+            FA_SFX(fa_qk_rows_qz_r)(q, ldq, 4, rows, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, si, lds, bits);
     }
-    for (; j < n; j++)
-        s[j] = FA_SFX(fa_hsum)(FA_SFX(fa_qz_key1)(q, D, x + j * xsr, scale + j * ssr, ssc, zero + j * zsr, zsc, G,
-                                                   bits));
 }
 
 static void FA_SFX(fa_qk_rows_qz)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
                                   int bits, const float *scale, int64_t ssr, int64_t ssc, const float *zero,
                                   int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds)
 {
-    if (nr == 1 && bits == 8)
-        FA_SFX(fa_qk_row1_qz)(qp, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, 8);
-    else if (nr == 1)
-        FA_SFX(fa_qk_row1_qz)(qp, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, 4);
-    else if (bits == 8)
-        FA_SFX(fa_qk_rows_qz_body)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8);
+    if (bits == 8)
+        FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8);
     else
-        FA_SFX(fa_qk_rows_qz_body)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4);
+        FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4);
 }
 
 /* O += P . V over keys [k0, k1) of quantized values read in place: R rows (p
@@ -243,7 +235,7 @@ FA_SFX(fa_pv_rows_qz_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t x
                         int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t k0, int64_t k1,
                         float *o, int64_t ldo, int64_t D, const int R, const int bits)
 {
-    const int NB = R == 1 ? 8 : R == 2 ? 4 : 2;
+    const int NB = R == 1 ? 8 : R == 2 || FA_VBYTES >= 64 ? 4 : 2;   /* R x NB accumulators: 8 or 16 */
     const int64_t rb = D * bits / 8, pfr = fa_pf_rows_bytes(rb);
     int64_t d = 0;
     for (; d + NB * FA_W <= D; d += NB * FA_W)
