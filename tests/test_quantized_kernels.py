@@ -295,3 +295,15 @@ def test_rows_of_a_unit_do_not_change_a_row(bits):
     together = fastattn.attention(q, k, v)
     for h in range(4):
         np.testing.assert_array_equal(fastattn.attention(q[:, h:h + 1], k, v)[:, 0], together[:, h])
+
+
+def test_torch_query_with_a_quantized_cache():
+    """A torch q with a QuantizedKV k / v computes on the codes (the integration
+    passes the QuantizedKV through), not on the argument path's shape stand-in."""
+    torch = pytest.importorskip("torch")
+    rng = rng_for("torch")
+    c = quantized(rng, (1, 2, 9, 32), 4, 16)
+    q = rng.standard_normal((1, 2, 3, 32)).astype(np.float32)
+    got = fastattn.attention(torch.from_numpy(q), c, c)
+    assert isinstance(got, torch.Tensor)
+    check(got.numpy(), reference.attention(q, c, c))
