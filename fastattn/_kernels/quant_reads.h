@@ -1,10 +1,12 @@
-/* Rows of a QuantizedKV (asymmetric 8-bit or 4-bit codes with a float32 scale
- * and zero point per group of G elements of a row) dequantized into a tile of
- * the compute type: the tile-sized scratch the units read (the row unit's key
- * panels and value tile, the query-vectorised unit's widened tiles), never a
- * copy of the cache.  Element d of a row is (code - zero[d / G]) * scale[d / G].
+/* The readers of a QuantizedKV (asymmetric 8-bit or 4-bit codes with a float32
+ * scale and zero point per group of G elements of a row; element d of a row is
+ * (code - zero[d / G]) * scale[d / G]): the few-rows scores and P.V reading the
+ * codes in place (below), and rows dequantized into a tile of the compute type
+ * -- the tile-sized scratch the other units read (the row unit's key panels and
+ * value tile, the query-vectorised unit's widened tiles) -- never a copy of the
+ * cache.
  *
- * Float compute: W codes at a time widened in registers by the target's
+ * fa_dequant_rows, float compute: W codes at a time widened in registers by the target's
  * fa_load_u8 / fa_load_u4 (isa/portable.h), the group's scale and zero point
  * broadcast when a vector lies in one group (G a multiple of W), or gathered
  * lane by lane into a vector otherwise (G < W, or not a multiple of it).
