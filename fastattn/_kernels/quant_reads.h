@@ -122,7 +122,30 @@ FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64
             __builtin_prefetch(scale + (u + pf) * ssr, 0, FA_PF_LOC);
             __builtin_prefetch(zero + (u + pf) * zsr, 0, FA_PF_LOC);
         }
-    for (int64_t d = 0; d < D; d += FA_W) {
+    int64_t d = 0;
+    if (bits == 4)      /* two vectors of 4-bit codes from one split (fa_load2_u4) */
+        for (; d + 2 * FA_W <= D; d += 2 * FA_W) {
+            const int64_t g0 = d / G, g1 = (d + FA_W) / G;
+            const FA_V q0 = FA_SFX(fa_load)(qp + d), q1 = FA_SFX(fa_load)(qp + d + FA_W);
+            FA_UNROLL for (int u = 0; u < U; u++)
+                if (u < nk) {
+                    FA_V c[2];
+                    fa_load2_u4(x + u * xsr + d / 2, c);
+                    const float *sr = scale + u * ssr, *zr = zero + u * zsr;
+                    c[0] = (c[0] - FA_SFX(fa_set1)(zr[g0 * zsc])) * FA_SFX(fa_set1)(sr[g0 * ssc]);
+                    c[1] = (c[1] - FA_SFX(fa_set1)(zr[g1 * zsc])) * FA_SFX(fa_set1)(sr[g1 * ssc]);
+                    if (R == 1) {
+                        r[u] += q0 * c[0];
+                        r[u] += q1 * c[1];
+                    } else {
+                        FA_UNROLL for (int i = 0; i < R; i++) {
+                            r[i * U + u] += FA_SFX(fa_load)(qp + i * ldq + d) * c[0];
+                            r[i * U + u] += FA_SFX(fa_load)(qp + i * ldq + d + FA_W) * c[1];
+                        }
+                    }
+                }
+        }
+    for (; d < D; d += FA_W) {
         const int64_t g = d / G;
         FA_V c[FA_W];
         FA_SFX(fa_qz_dequant_keys)(x, xsr, scale, ssr, zero, zsr, g * ssc, g * zsc, d, U, nk, bits, c);
