@@ -18,8 +18,8 @@ _Window = None | int | tuple[int | None, int | None]
 @overload
 def attention(
     q: ArrayLike,
-    k: ArrayLike,
-    v: ArrayLike,
+    k: ArrayLike | QuantizedKV,
+    v: ArrayLike | QuantizedKV,
     *,
     scale: float | None = ...,
     causal: _Causal = ...,
@@ -43,8 +43,8 @@ def attention(
 @overload
 def attention(
     q: ArrayLike,
-    k: ArrayLike,
-    v: ArrayLike,
+    k: ArrayLike | QuantizedKV,
+    v: ArrayLike | QuantizedKV,
     *,
     scale: float | None = ...,
     causal: _Causal = ...,
@@ -68,8 +68,8 @@ def attention(
 @overload
 def attention(
     q: ArrayLike,
-    k: ArrayLike,
-    v: ArrayLike,
+    k: ArrayLike | QuantizedKV,
+    v: ArrayLike | QuantizedKV,
     *,
     scale: float | None = ...,
     causal: _Causal = ...,
@@ -93,8 +93,8 @@ def attention(
 @overload
 def attention(
     q: ArrayLike,
-    k: ArrayLike,
-    v: ArrayLike,
+    k: ArrayLike | QuantizedKV,
+    v: ArrayLike | QuantizedKV,
     *,
     scale: float | None = ...,
     causal: _Causal = ...,
@@ -118,8 +118,8 @@ def attention(
 @overload
 def attention(
     q: ArrayLike,
-    k: ArrayLike,
-    v: ArrayLike,
+    k: ArrayLike | QuantizedKV,
+    v: ArrayLike | QuantizedKV,
     *,
     scale: float | None = ...,
     causal: _Causal = ...,
@@ -198,8 +198,8 @@ def attention_varlen(
 @overload
 def attention_paged(
     q: ArrayLike,
-    k_cache: ArrayLike,
-    v_cache: ArrayLike,
+    k_cache: ArrayLike | QuantizedKV,
+    v_cache: ArrayLike | QuantizedKV,
     block_table: ArrayLike,
     seq_lens: ArrayLike,
     *,
@@ -219,8 +219,8 @@ def attention_paged(
 @overload
 def attention_paged(
     q: ArrayLike,
-    k_cache: ArrayLike,
-    v_cache: ArrayLike,
+    k_cache: ArrayLike | QuantizedKV,
+    v_cache: ArrayLike | QuantizedKV,
     block_table: ArrayLike,
     seq_lens: ArrayLike,
     *,
@@ -240,8 +240,8 @@ def attention_paged(
 @overload
 def attention_paged(
     q: ArrayLike,
-    k_cache: ArrayLike,
-    v_cache: ArrayLike,
+    k_cache: ArrayLike | QuantizedKV,
+    v_cache: ArrayLike | QuantizedKV,
     block_table: ArrayLike,
     seq_lens: ArrayLike,
     *,

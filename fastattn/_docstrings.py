@@ -18,9 +18,12 @@ Parameters
 q : array_like, shape (..., Lq, Dk)
     Queries.  At least 2-D; the leading dims are batch dims (for example
     ``(B, H)``).
-k : array_like, shape (..., Lk, Dk)
-    Keys: the same last dimension ``Dk`` as ``q``.
-v : array_like, shape (..., Lk, Dv)
+k : array_like or fastattn.QuantizedKV, shape (..., Lk, Dk)
+    Keys: the same last dimension ``Dk`` as ``q``.  A
+    :class:`fastattn.QuantizedKV` (8-bit or 4-bit codes with a scale and
+    zero point per group, from :func:`fastattn.quantize_kv` or a serving
+    engine's buffers) is read in place, never dequantized into a copy.
+v : array_like or fastattn.QuantizedKV, shape (..., Lk, Dv)
     Values: as many rows ``Lk`` as ``k``; ``Dv`` may differ from ``Dk``.
     The batch dims of ``q``, ``k`` and ``v`` broadcast by NumPy rules, as
     stride-0 views (nothing is copied).  When the head axis (-3) of ``q`` is
@@ -654,7 +657,9 @@ k_cache : array_like, shape (num_blocks, Hkv, block_size, Dk)
     The key cache; any ``block_size >= 1``.  flash-attn's and vLLM's
     ``(num_blocks, block_size, Hkv, D)`` caches pass as
     ``cache.transpose(0, 2, 1, 3)`` without a copy.  float32, float64,
-    float16, bfloat16 and int8 (with ``k_scale``) caches are read in place.
+    float16, bfloat16 and int8 (with ``k_scale``) caches are read in place,
+    and so is a :class:`fastattn.QuantizedKV` of that logical shape (either
+    cache, or both).
 v_cache : array_like, shape (num_blocks, Hkv, block_size, Dv)
     The value cache, with the blocks, heads and slots of ``k_cache``.
 block_table : array_like of int, shape (S, max_blocks)

@@ -100,6 +100,7 @@ class QuantizedKV:
     --------
     quantize_kv : Quantize values into a QuantizedKV.
     fastattn.reference.attention : The float64 specification, computing a QuantizedKV from its fields.
+    fastattn.attention : Takes a QuantizedKV for ``k`` and / or ``v``.
 
     Examples
     --------
@@ -203,7 +204,9 @@ def quantize_kv(x, bits=8, group_size=None):
     Returns
     -------
     QuantizedKV
-        The codes, scales and zero points (new arrays) of logical shape ``x.shape``.
+        The codes, scales and zero points of ``x``, of logical shape
+        ``x.shape``; :func:`fastattn.attention` and
+        :func:`fastattn.attention_paged` read it in place.
 
     Raises
     ------
@@ -216,6 +219,7 @@ def quantize_kv(x, bits=8, group_size=None):
     See Also
     --------
     QuantizedKV : The format, and wrapping existing buffers.
+    fastattn.attention : Takes a QuantizedKV for ``k`` and / or ``v``.
 
     Examples
     --------

@@ -258,12 +258,3 @@ def test_reference_quantized_matches_dequantized():
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     with pytest.raises(TypeError, match="k_scale"):
         reference.attention(q, k, v, k_scale=1.0)
-
-
-def test_attention_refuses_quantized_kv_before_work():
-    """The compiled kernels do not read QuantizedKV yet: a TypeError naming k, not a wrong result."""
-    rng = np.random.default_rng(4)
-    q = rng.standard_normal((1, 2, 3, 32)).astype(np.float32)
-    c = quantize_kv(rng.standard_normal((1, 2, 9, 32)).astype(np.float32), bits=8)
-    with pytest.raises(TypeError, match="k"):
-        fastattn.attention(q, c, c)

@@ -528,6 +528,80 @@ cdef int check_out(out, int nd, const cnp.npy_intp *shape, int typenum, tuple in
     return 0
 
 
+# ---------------------------------------------------------------- QuantizedKV
+
+cdef object _qkv_type = None      # fastattn.QuantizedKV, imported on first use
+
+
+cdef bint is_qkv(x):
+    """x is a fastattn.QuantizedKV (asked only of arguments that are not ndarrays)."""
+    global _qkv_type
+    if _qkv_type is None:
+        from fastattn._quantized import QuantizedKV
+        _qkv_type = QuantizedKV
+    return isinstance(x, _qkv_type)
+
+
+cdef int refuse_qkv(str where, tuple args) except -1:
+    """TypeError naming the first QuantizedKV of args (name, value) for a function
+    that does not read them."""
+    for name, x in args:
+        if type(x) is not cnp.ndarray and is_qkv(x):
+            raise TypeError(f"{where}: {name} is a fastattn.QuantizedKV, which {where} does not take "
+                            f"(fastattn.attention and fastattn.attention_paged read QuantizedKV caches)")
+    return 0
+
+
+cdef cnp.ndarray qkv_stand_in(x, str name):
+    """A QuantizedKV k or v checked for what the kernels read in place -- uint8
+    codes whose rows are contiguous, float32 scales and zero points of the
+    documented shapes, aligned -- and its logical shape as a float32 array of
+    zero strides (no memory): the argument path checks shapes and broadcasting on
+    it; the plan reads the codes, scales and zero points (plan_quantized)."""
+    data = x.data
+    shape = tuple(x.shape)
+    D = shape[len(shape) - 1]
+    G = x.group_size
+    if type(data) is not cnp.ndarray or data.dtype != np.uint8 or x.bits not in (4, 8):
+        raise TypeError(f"{name}: a QuantizedKV with uint8 data and bits 4 or 8 expected, got data of type "
+                        f"{type(data).__name__}, bits {x.bits!r}")
+    if data.shape[data.ndim - 1] > 1 and data.strides[data.ndim - 1] != 1:
+        raise ValueError(f"{name}.data must have contiguous rows (stride 1 along its last axis, the kernels "
+                         f"read the codes in place), got strides {data.strides}")
+    want = shape[:len(shape) - 1] + (D // G if D else 0,)
+    for field in ("scale", "zero"):
+        sc = getattr(x, field)
+        if type(sc) is not cnp.ndarray or sc.dtype != np.float32 or sc.shape != want:
+            raise ValueError(f"{name}.{field} must be a float32 ndarray of shape {want}, got "
+                             f"{getattr(sc, 'dtype', type(sc).__name__)} {getattr(sc, 'shape', '')}")
+        if not behaved_array(<cnp.ndarray>sc):
+            raise ValueError(f"{name}.{field} must be aligned and in native byte order (it is read in place)")
+    return np.broadcast_to(np.zeros((), dtype=np.float32), shape)
+
+
+cdef int plan_quantized(Plan *P, Operand *op, Operand *sc, Operand *zp, int64_t *group, x, cnp.ndarray data,
+                        cnp.ndarray scale, cnp.ndarray zero) except -1:
+    """A QuantizedKV k or v as operands of the plan: its codes (data: the layout of
+    the batch rows the plan reads, e.g. one cache block) in place of the stand-in's,
+    its scales and zero points, its group size."""
+    cdef int64_t hq = P.g * (P.bshape[P.nb - 1] if P.nb > 0 else 1)
+    fill_operand(op, data, 2, P, hq)
+    op.store = STORE_U8Z if x.bits == 8 else STORE_U4Z
+    fill_operand(sc, scale, 2, P, hq)
+    fill_operand(zp, zero, 2, P, hq)
+    group[0] = x.group_size if x.group_size > 0 else 1
+    return 0
+
+
+cdef int check_qkv_scales(kq, vq, k_scale, v_scale, str kname, str vname) except -1:
+    """k_scale / v_scale are not given for a QuantizedKV k / v (it has its own)."""
+    if kq is not None and k_scale is not None:
+        raise TypeError(f"k_scale is given for a QuantizedKV {kname}: its scales are its own fields")
+    if vq is not None and v_scale is not None:
+        raise TypeError(f"v_scale is given for a QuantizedKV {vname}: its scales are its own fields")
+    return 0
+
+
 # ---------------------------------------------------------------- int8 / float8 scales
 
 cdef inline bint is_float8(cnp.ndarray a) noexcept:

@@ -49,10 +49,17 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     cdef Plan P
     cdef int ctype, otype, nbq, kkind = SCALE_NONE, vkind = SCALE_NONE
     cdef cnp.npy_intp dims[MAXDIM + 2]
+    cdef object kq = None, vq = None
+    if type(k) is not cnp.ndarray and is_qkv(k):
+        kq = k
+        k = qkv_stand_in(k, "k")
+    if type(v) is not cnp.ndarray and is_qkv(v):
+        vq = v
+        v = qkv_stand_in(v, "v")
     if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(mask)
             and plain(bias) and plain(out) and plain(kv_lengths) and plain(kv_start) and plain(alibi_slopes)
             and plain(k_scale) and plain(v_scale) and plain(sinks)):
-        result = _foreign_attention(q, k, v, dict(
+        result = _foreign_attention(q, k if kq is None else kq, v if vq is None else vq, dict(
             scale=scale, causal=causal, mask=mask, bias=bias, window=window, kv_lengths=kv_lengths,
             kv_start=kv_start, align=align, softcap=softcap, alibi_slopes=alibi_slopes, k_scale=k_scale,
             v_scale=v_scale, sinks=sinks, return_weights=return_weights, return_lse=return_lse, out=out,
@@ -65,6 +72,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     check_qkv_shapes(qa, ka, va)
     check_num_threads(num_threads)
     ctype = compute_type(qa, ka, va, &otype)
+    check_qkv_scales(kq, vq, k_scale, v_scale, "k", "v")
     if k_scale is not None or v_scale is not None:
         k_scale = parse_kv_scale(k_scale, "k_scale", ka, "k", &kkind)
         v_scale = parse_kv_scale(v_scale, "v_scale", va, "v", &vkind)
@@ -112,12 +120,18 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     # (the converted arrays must outlive the plan, which holds their data pointers)
     if cnp.PyArray_TYPE(qa) != ctype or not behaved_array(qa):
         qa = stored_operand(qa, ctype, False)
-    if cnp.PyArray_TYPE(ka) != ctype or not behaved_array(ka):
+    if kq is None and (cnp.PyArray_TYPE(ka) != ctype or not behaved_array(ka)):
         ka = stored_operand(ka, ctype, True)
-    if cnp.PyArray_TYPE(va) != ctype or not behaved_array(va):
+    if vq is None and (cnp.PyArray_TYPE(va) != ctype or not behaved_array(va)):
         va = stored_operand(va, ctype, True)
     plan_init(&P, qa, ka, va, res)
     plan_options(&P, ma, ba, kvt, slt, wts, lse)
+    if kq is not None:
+        plan_quantized(&P, &P.k, &P.ks, &P.kz, &P.kgroup, kq, kq.data, kq.scale, kq.zero)
+        P.kscale = SCALE_GROUPED
+    if vq is not None:
+        plan_quantized(&P, &P.v, &P.vs, &P.vz, &P.vgroup, vq, vq.data, vq.scale, vq.zero)
+        P.vscale = SCALE_GROUPED
     if snk is not None:
         P.sinks = <const double *>cnp.PyArray_DATA(snk)
     if kst is not None:

@@ -68,6 +68,7 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
     cdef cnp.npy_intp kvdims[MAXDIM + 2]
     if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(mask)
             and plain(bias) and plain(sinks)):
+        refuse_qkv("attention_backward", (("k", k), ("v", v)))
         _foreign_attention(q, k, v, dict(mask=mask, bias=bias, sinks=sinks))      # masked arrays: refused
     qa = as_input(q, "q")
     ka = as_input(k, "k")

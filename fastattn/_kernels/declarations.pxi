@@ -202,6 +202,19 @@ cdef extern from "simd.h" nogil:
     void fa_qvec_bias_fe5(float *st, int64_t lds, int64_t j0, int64_t j1, const uint8_t *const *brows, int64_t ni)
     void fa_widen_scale_row_fe5(const uint8_t *x, float *y, int64_t n, float a)
     void fa_add_row_fe5(float *x, const uint8_t *b, int64_t n)
+    # QuantizedKV rows dequantized into a tile (quant_reads.h)
+    int fa_dequant_rows_f(const uint8_t *x, int64_t xsr, int bits, const float *scale, int64_t ssr, int64_t ssc,
+                          const float *zero, int64_t zsr, int64_t zsc, int64_t n, int64_t D, int64_t G, float *dst,
+                          int64_t ld)
+    int fa_dequant_rows_d(const uint8_t *x, int64_t xsr, int bits, const float *scale, int64_t ssr, int64_t ssc,
+                          const float *zero, int64_t zsr, int64_t zsc, int64_t n, int64_t D, int64_t G, double *dst,
+                          int64_t ld)
+    void fa_qk_rows_qz_f(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr, int bits,
+                         const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
+                         int64_t G, int64_t n, float *s, int64_t lds)
+    void fa_pv_rows_qz_f(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr, int bits,
+                         const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
+                         int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D)
     void fa_prefetch_bytes(const void *p, int64_t nbytes)
     void fa_widen_scale_row_f(const float *x, float *y, int64_t n, float a)
     void fa_add_row_f(float *x, const float *b, int64_t n)

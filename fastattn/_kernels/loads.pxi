@@ -138,6 +138,110 @@ cdef int widen_tile(const Plan *P, const Operand *op, int scale_kind, const Oper
     return nonfinite
 
 
+cdef inline bint is_quantized(const Operand *op) noexcept nogil:
+    """A QuantizedKV k or v (STORE_U8Z / STORE_U4Z): read through dequant_tile."""
+    return op.store == STORE_U8Z or op.store == STORE_U4Z
+
+
+cdef int dequant_tile(const Plan *P, const Operand *op, const Operand *sc, const Operand *zp, int64_t G, int64_t b,
+                      floating *dst, int64_t ld, int64_t t0, int64_t n, int64_t D) noexcept nogil:
+    """Rows t0..t0+n-1 of a QuantizedKV k or v (op: its codes, sc / zp: its scales
+    and zero points, G its group size) of batch element b dequantized into dst
+    (rows ld >= D apart, padding columns zero): a tile of the workspace, read in
+    place from the cache run by run (paged: row_at).  Returns 1 when the tile
+    holds an inf or NaN."""
+    cdef const char *base = stored_at(op, batch_offset(P, op, b))
+    cdef const float *scale = (<const float *>sc.base) + batch_offset(P, sc, b)
+    cdef const float *zero = (<const float *>zp.base) + batch_offset(P, zp, b)
+    cdef int bits = 8 if op.store == STORE_U8Z else 4
+    cdef int64_t t = t0, e
+    cdef int nonfinite = 0
+    while t < t0 + n:
+        e = run_end(P, t, t0 + n)
+        nonfinite |= dequant_rows(<const uint8_t *>(base + row_at(P, op, t) * op.item), op.sr, bits,
+                                  scale + row_at(P, sc, t), sc.sr, sc.sc, zero + row_at(P, zp, t), zp.sr, zp.sc,
+                                  e - t, D, G, dst + (t - t0) * ld, ld)
+        t = e
+    return nonfinite
+
+
+cdef inline bint quantized_in_place(const Operand *op, int64_t G, floating dummy) noexcept nogil:
+    """Do the few-rows readers (fa_qk_rows_qz / fa_pv_rows_qz) read this QuantizedKV
+    k or v in place?  Float compute, groups of whole vectors."""
+    if floating is double:
+        return False
+    return is_quantized(op) and G % (FA_VBYTES // sizeof(float)) == 0
+
+
+cdef void qk_rows_quantized(const Plan *P, const floating *qp, int64_t nr, int64_t b, int64_t t0, int64_t n,
+                            floating *s) noexcept nogil:
+    """Scores s[i * BLOCK_K + j] of nr packed query rows against keys t0..t0+n-1 of a
+    QuantizedKV k read in place, run by run (quantized_in_place)."""
+    cdef const Operand *op = &P.k
+    cdef const char *base = stored_at(op, batch_offset(P, op, b))
+    cdef const float *scale = (<const float *>P.ks.base) + batch_offset(P, &P.ks, b)
+    cdef const float *zero = (<const float *>P.kz.base) + batch_offset(P, &P.kz, b)
+    cdef int bits = 8 if op.store == STORE_U8Z else 4
+    cdef int64_t t = t0, e
+    if floating is double:
+        return
+    else:
+        while t < t0 + n:
+            e = run_end(P, t, t0 + n)
+            fa_qk_rows_qz_f(qp, P.Dk, nr, P.Dk, <const uint8_t *>(base + row_at(P, op, t) * op.item), op.sr, bits,
+                            scale + row_at(P, &P.ks, t), P.ks.sr, P.ks.sc, zero + row_at(P, &P.kz, t), P.kz.sr,
+                            P.kz.sc, P.kgroup, e - t, s + (t - t0), BLOCK_K)
+            t = e
+
+
+cdef void pv_rows_quantized(const Plan *P, const floating *p, int64_t nr, int64_t b, int64_t t0, int64_t a,
+                            int64_t e, floating *o, int64_t dvp) noexcept nogil:
+    """O += P . V over keys t0+a..t0+e-1 (probability rows BLOCK_K apart, from tile
+    key t0) of a QuantizedKV v read in place, run by run (quantized_in_place)."""
+    cdef const Operand *op = &P.v
+    cdef const char *base = stored_at(op, batch_offset(P, op, b))
+    cdef const float *scale = (<const float *>P.vs.base) + batch_offset(P, &P.vs, b)
+    cdef const float *zero = (<const float *>P.vz.base) + batch_offset(P, &P.vz, b)
+    cdef int bits = 8 if op.store == STORE_U8Z else 4
+    cdef int64_t t = t0 + a, x
+    if floating is double:
+        return
+    else:
+        while t < t0 + e:
+            x = run_end(P, t, t0 + e)
+            fa_pv_rows_qz_f(p + (t - t0), BLOCK_K, nr, <const uint8_t *>(base + row_at(P, op, t) * op.item), op.sr,
+                            bits, scale + row_at(P, &P.vs, t), P.vs.sr, P.vs.sc, zero + row_at(P, &P.vz, t), P.vz.sr,
+                            P.vz.sc, P.vgroup, 0, x - t, o, dvp, P.Dv)
+            t = x
+
+
+cdef void pack_k_tile_quantized(const Plan *P, Workspace *ws, int64_t b, floating *kt, int64_t t0,
+                                int64_t n) noexcept nogil:
+    """pack_k_tile for a QuantizedKV k: keys t0..t0+n-1 dequantized into the
+    workspace's key tile (ws.kw), then transposed into panels of Dk x NR."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t NR = FA_QK_NV * W
+    cdef int64_t Dk = P.Dk, ldk = round_up(Dk if Dk > 0 else 1, W), p0, nk, j, d
+    cdef floating *kw = <floating *>ws.kw
+    cdef floating *panel
+    cdef int64_t offs[PANEL_MAX]
+    dequant_tile(P, &P.k, &P.ks, &P.kz, P.kgroup, b, kw, ldk, t0, n, Dk)
+    p0 = 0
+    while p0 < n:
+        nk = min(NR, n - p0)
+        for j in range(nk):
+            offs[j] = (p0 + j) * ldk
+        stored_pack_transposed(native_store(<floating>0), <const char *>kw, offs, nk, Dk, <floating>1,
+                               kt + (p0 // NR) * Dk * NR, NR, 0)
+        p0 += NR
+    if n % NR:      # (as pack_k_tile: the columns of a partial panel the QK kernel reads)
+        panel = kt + (n // NR) * Dk * NR
+        nk = W if n % NR <= W else NR
+        for d in range(Dk):
+            for j in range(n % NR, nk):
+                panel[d * NR + j] = 0
+
+
 cdef inline void prefetch_tile(const Plan *P, const char *kbase, const char *vbase,
                                int64_t t0, int64_t t1) noexcept nogil:
     """Request key and value rows t0..t1-1 (rows with contiguous elements only)."""

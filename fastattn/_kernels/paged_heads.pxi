@@ -21,7 +21,7 @@ cdef inline int lockstep_heads(const Plan *P, int64_t nrows, size_t item) noexce
     conditions of row_unit_begin), more than one head."""
     cdef int64_t W = FA_VBYTES // <int64_t>item
     return (P.pages != NULL and P.nbatch > 1 and nrows <= FEW_MAX_ROWS and P.k.sc == 1 and P.v.sc == 1
-            and P.Dv > 0 and P.Dv % W == 0 and not P.has_mask)
+            and P.Dv > 0 and P.Dv % W == 0 and not P.has_mask and P.k.store < STORE_U8Z and P.v.store < STORE_U8Z)
 
 
 cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh, int64_t nr, int64_t kb,

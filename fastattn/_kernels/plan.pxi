@@ -66,10 +66,13 @@ cdef enum:
     STORE_I8 = 4
     STORE_F8E4 = 5             # ml_dtypes float8_e4m3fn (k, v only)
     STORE_F8E5 = 6             # ml_dtypes float8_e5m2 (k, v only)
+    STORE_U8Z = 7              # QuantizedKV, 8 bits (k, v only): codes, per-group scale and zero point
+    STORE_U4Z = 8              # QuantizedKV, 4 bits: two codes a byte (quant_reads.h, loads.pxi dequant_tile)
     # k_scale / v_scale (int8 / float8 k, v): one value per key, or per head dimension
     SCALE_NONE = 0
     SCALE_PER_KEY = 1
     SCALE_PER_CHANNEL = 2
+    SCALE_GROUPED = 3          # a QuantizedKV's own scales: ks / vs (..., Lk, D // G), zero points kz / vz
 
 cdef struct Operand:
     char *base                 # data pointer (bool for masks)
@@ -96,7 +99,9 @@ cdef struct Plan:
     int has_mask, has_bias, has_kvlen, has_kvstart, has_alibi, want_lse, want_weights
     int kscale, vscale         # SCALE_NONE / SCALE_PER_KEY / SCALE_PER_CHANNEL
     Operand q, k, v, o, mask, bias, w, lse
-    Operand ks, vs             # the scales (float32), trailing dims (Lk, 1) or (1, D)
+    Operand ks, vs             # the scales (float32), trailing dims (Lk, 1) or (1, D); QuantizedKV: (Lk, D // G)
+    Operand kz, vz             # QuantizedKV k, v: the zero points (float32), trailing dims (Lk, D // G)
+    int64_t kgroup, vgroup     # QuantizedKV k, v: the group size G
     int64_t *kvlen             # (nbatch * g) valid key counts
     int64_t *kvstart           # (nbatch * g) first valid key (left padding)
     char *slopes               # (nbatch * g) ALiBi slopes, compute dtype

@@ -371,6 +371,11 @@ cdef void qvec_tile_source(const Plan *P, Workspace *ws, const QvecUnit *U, Tile
         T.ksr = P.k.sr
         T.ksc = 1
         T.kstore = STORE_BF16
+    elif is_quantized(&P.k):
+        dequant_tile(P, &P.k, &P.ks, &P.kz, P.kgroup, U.b, <floating *>ws.kw, ldk, t0, t1 - t0, P.Dk)
+        T.k = <const char *>ws.kw
+        T.ksr = ldk
+        T.ksc = 1
     else:
         widen_tile(P, &P.k, P.kscale, &P.ks, batch_offset(P, &P.ks, U.b) if P.kscale else 0,
                    <floating *>ws.kw, ldk, stored_at(&P.k, kbo), t0, t1 - t0, P.Dk)
@@ -396,6 +401,11 @@ cdef inline void qvec_tile_values(const Plan *P, Workspace *ws, const QvecUnit *
         T.vsr = P.v.sr
         T.vsc = P.v.sc
         T.vnf = block_nonfinite(<const floating *>T.v, t1 - t0, P.Dv, P.v.sr, P.v.sc)
+    elif is_quantized(&P.v):
+        T.vnf = dequant_tile(P, &P.v, &P.vs, &P.vz, P.vgroup, U.b, <floating *>ws.vw, ldv, t0, t1 - t0, P.Dv)
+        T.v = <const char *>ws.vw
+        T.vsr = ldv
+        T.vsc = 1
     else:
         T.vnf = widen_tile(P, &P.v, P.vscale, &P.vs, batch_offset(P, &P.vs, U.b) if P.vscale else 0,
                            <floating *>ws.vw, ldv, stored_at(&P.v, vbo), t0, t1 - t0, P.Dv)

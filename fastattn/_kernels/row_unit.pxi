@@ -84,6 +84,7 @@ cdef struct RowUnit:
     int64_t kbo, vbo, mbo, bbo, wbo    # batch offsets of k, v, mask, bias, weights
     int few                    # at most FEW_MAX_ROWS rows: the few-rows kernels
     int k_in_place, v_in_place # keys / values read where they are stored (no packing)
+    int kq_in_place, vq_in_place   # QuantizedKV keys / values read in place (few rows: quantized_in_place)
     int fuse                   # each tile's P.V pass also computes the next tile's scores
     int lockstep               # driven tile by tile beside the other heads of a paged block (paged_heads.pxi)
     int need_pv                # a pass that accumulates P.V (all but MODE_STATS)
@@ -116,8 +117,10 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
     # tiles and register-blocked kernels (AVX-512, 8 heads, 4096 keys, D 128):
     # 4 rows 1.41x, 8 rows 1.33x, 12 rows 1.14-1.20x, 13-14 rows 1.10x, 15 rows 1.0x
     U.few = nr <= FEW_MAX_ROWS
-    U.k_in_place = U.few and P.k.sc == 1
-    U.v_in_place = U.few and P.v.sc == 1 and P.Dv % W == 0 and P.Dv > 0
+    U.k_in_place = U.few and P.k.sc == 1 and not is_quantized(&P.k)
+    U.v_in_place = U.few and P.v.sc == 1 and P.Dv % W == 0 and P.Dv > 0 and not is_quantized(&P.v)
+    U.kq_in_place = U.few and quantized_in_place(&P.k, P.kgroup, <floating>0)
+    U.vq_in_place = U.few and U.need_pv and P.Dv > 0 and quantized_in_place(&P.v, P.vgroup, <floating>0)
     # few rows with keys and values read in place (decode, draft tokens, GQA
     # groups): each tile's P.V pass also computes the next tile's scores, so keys
     # and values stream side by side (one row: fa_pv_qk_row1, key by key; more
@@ -181,7 +184,11 @@ cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t
     cdef floating *s = <floating *>U.s
     cdef const char *kbase = stored_at(&P.k, U.kbo)
     cdef int v_nonfinite = 0
-    if not U.k_in_place:
+    if U.kq_in_place:
+        pass        # scores below, from the codes in place
+    elif not U.k_in_place and is_quantized(&P.k):
+        pack_k_tile_quantized(P, ws, U.b, kt, t0, n)
+    elif not U.k_in_place:
         pack_k_tile(P, kt, kbase, t0, n)
     if not U.need_pv:
         v_nonfinite = 0
@@ -192,16 +199,25 @@ cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t
         vsrc[0] = stored_at(&P.v, U.vbo + (t0 * P.v.sr if P.pages == NULL else 0))
         ldv[0] = P.v.sr
         vstore[0] = P.v.store
+    elif U.vq_in_place:
+        vsrc[0] = NULL      # (pv_rows_quantized reads the codes in place)
+        ldv[0] = 0
+        vstore[0] = native_store(<floating>0)
     else:
-        v_nonfinite = pack_v_tile(P, <floating *>ws.vp, U.dvp, stored_at(&P.v, U.vbo), t0, n)
+        if is_quantized(&P.v):
+            v_nonfinite = dequant_tile(P, &P.v, &P.vs, &P.vz, P.vgroup, U.b, <floating *>ws.vp, U.dvp, t0, n, P.Dv)
+        else:
+            v_nonfinite = pack_v_tile(P, <floating *>ws.vp, U.dvp, stored_at(&P.v, U.vbo), t0, n)
         vsrc[0] = <const char *>ws.vp
         ldv[0] = U.dvp
         vstore[0] = native_store(<floating>0)
 
     # S = Qp . Ktᵀ, each register block of rows only over the panels its rows
     # can see (this is what clips the causal diagonal tile)
-    i0 = nr if U.k_in_place else 0
-    if U.k_in_place and not U.fuse and P.pages != NULL:
+    i0 = nr if U.k_in_place or U.kq_in_place else 0
+    if U.kq_in_place:
+        qk_rows_quantized(P, qp, nr, U.b, t0, n, s)
+    elif U.k_in_place and not U.fuse and P.pages != NULL:
         paged_qk_rows(P, qp, nr, U.kbo, t0, n, U.hi_all, s)
     elif U.k_in_place and not U.fuse:
         stored_qk_rows(P.k.store, qp, Dk, nr, Dk, kbase + t0 * P.k.sr * P.k.item, P.k.sr, n, s, BLOCK_K)
@@ -329,6 +345,8 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, int vstore, cons
                     stored_pv_qk_row1(vstore, s, vsrc, ldv, a, e, o, dvp // W, qp, Dk, kn, P.k.sr, nn, s2)
                 else:
                     pv_qk_chunks(P, s, nr, vsrc, a, e, o, dvp, qp, kn, nn, s2)
+            elif U.vq_in_place:
+                pv_rows_quantized(P, s, nr, U.b, t0, a, e, o, dvp)
             else:
                 stored_pv_rows(vstore, s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
             if U.v_in_place and block_nonfinite(o, nr, P.Dv, dvp, 1):

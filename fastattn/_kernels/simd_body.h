@@ -60,6 +60,7 @@
 #undef FA_SSFX
 #undef FA_S
 #endif
+#include "quant_reads.h"
 #include "tile_kernels.h"
 #include "qvec_kernels.h"
 

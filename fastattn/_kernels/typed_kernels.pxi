@@ -338,3 +338,12 @@ cdef inline void stored_qvec_store_rows(int store, const floating *ot, int64_t l
         fa_qvec_store_rows_fh(ot, ldo, nr, Dv, inv, <uint16_t *>o, sor)
     else:
         fa_qvec_store_rows_fb(ot, ldo, nr, Dv, inv, <uint16_t *>o, sor)
+
+
+cdef inline int dequant_rows(const uint8_t *x, int64_t xsr, int bits, const float *scale, int64_t ssr, int64_t ssc,
+                             const float *zero, int64_t zsr, int64_t zsc, int64_t n, int64_t D, int64_t G,
+                             floating *dst, int64_t ld) noexcept nogil:
+    if floating is float:
+        return fa_dequant_rows_f(x, xsr, bits, scale, ssr, ssc, zero, zsr, zsc, n, D, G, dst, ld)
+    else:
+        return fa_dequant_rows_d(x, xsr, bits, scale, ssr, ssc, zero, zsr, zsc, n, D, G, dst, ld)

@@ -109,6 +109,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, scale=None, ca
     cdef list keep = []
     if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(out)
             and plain(sinks)):
+        refuse_qkv("attention_varlen", (("k", k), ("v", v)))
         _refuse_foreign((("q", q), ("k", k), ("v", v), ("out", out), ("sinks", sinks)))
     qa = as_input(q, "q")
     ka = as_input(k, "k")
@@ -207,6 +208,18 @@ cdef int plan_paged_scale(Plan *P, Operand *op, scale, cnp.ndarray cache, int ki
     return 0
 
 
+cdef int plan_paged_quantized(Plan *P, Operand *op, Operand *sc, Operand *zp, int64_t *group, x) except -1:
+    """A QuantizedKV cache (num_blocks, Hkv, block_size, D) as operands of the
+    plan: one block's layout of its codes, scales and zero points, and the
+    stride between blocks of each (row_at)."""
+    cdef cnp.ndarray data = x.data, scale = x.scale, zero = x.zero
+    plan_quantized(P, op, sc, zp, group, x, first_of(data), first_of(scale), first_of(zero))
+    op.sp = elements(data, 0)
+    sc.sp = elements(scale, 0)
+    zp.sp = elements(zero, 0)
+    return 0
+
+
 cdef int check_block_table(cnp.ndarray table, cnp.ndarray lens, cnp.ndarray nq, int64_t num_blocks,
                            int64_t bs) except -1:
     """seq_lens in [the sequence's query rows, max_blocks * block_size]; the
@@ -276,6 +289,13 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     cdef int64_t S, bs, num_blocks
     cdef cnp.npy_intp dims[MAXDIM + 2]
     cdef list keep = []
+    cdef object kq = None, vq = None
+    if type(k_cache) is not cnp.ndarray and is_qkv(k_cache):
+        kq = k_cache
+        k_cache = qkv_stand_in(k_cache, "k_cache")
+    if type(v_cache) is not cnp.ndarray and is_qkv(v_cache):
+        vq = v_cache
+        v_cache = qkv_stand_in(v_cache, "v_cache")
     if not (type(q) is cnp.ndarray and type(k_cache) is cnp.ndarray and type(v_cache) is cnp.ndarray
             and plain(out) and plain(k_scale) and plain(v_scale) and plain(sinks)):
         _refuse_foreign((("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
@@ -316,6 +336,7 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
         raise ValueError(f"q has {S} sequences, block_table {table.shape[0]} and seq_lens {lens.shape[0]}: "
                          f"they must agree")
     check_block_table(table, lens, nq, num_blocks, bs)
+    check_qkv_scales(kq, vq, k_scale, v_scale, "k_cache", "v_cache")
     if k_scale is not None or v_scale is not None:
         k_scale = paged_scale(k_scale, "k_scale", ka, "k_cache", &kkind)
         v_scale = paged_scale(v_scale, "v_scale", va, "v_cache", &vkind)
@@ -348,9 +369,9 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
         lse = cnp.PyArray_EMPTY(qa.ndim - 1, dims, ctype, 0)
     if cnp.PyArray_TYPE(qa) != ctype or not behaved_array(qa):
         qa = stored_operand(qa, ctype, False)
-    if cnp.PyArray_TYPE(ka) != ctype or not behaved_array(ka):
+    if kq is None and (cnp.PyArray_TYPE(ka) != ctype or not behaved_array(ka)):
         ka = stored_operand(ka, ctype, True)
-    if cnp.PyArray_TYPE(va) != ctype or not behaved_array(va):
+    if vq is None and (cnp.PyArray_TYPE(va) != ctype or not behaved_array(va)):
         va = stored_operand(va, ctype, True)
     # the plan of one sequence (q's rows, the caches' heads and slots), the rest per sequence and block
     q1 = qa if packed else first_of(qa)
@@ -364,6 +385,12 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
         P.sinks = <const double *>cnp.PyArray_DATA(snk)
     P.k.sp = elements(ka, 0)
     P.v.sp = elements(va, 0)
+    if kq is not None:
+        plan_paged_quantized(&P, &P.k, &P.ks, &P.kz, &P.kgroup, kq)
+        P.kscale = SCALE_GROUPED
+    if vq is not None:
+        plan_paged_quantized(&P, &P.v, &P.vs, &P.vz, &P.vgroup, vq)
+        P.vscale = SCALE_GROUPED
     P.pages = <const int64_t *>cnp.PyArray_DATA(table)
     P.page = bs
     if kkind != SCALE_NONE:

@@ -29,7 +29,8 @@ cdef struct Workspace:
     void *hif       # ld
     void *mxt       # chunk              max of the current tile per query lane
     void *mtb       # BLOCK_K x chunk    transposed boolean-mask block (bytes)
-    void *kw        # BLOCK_K x Dkp      a key tile widened from its storage type (non-native only)
+    void *kw        # BLOCK_K x Dkp      a key tile widened from its storage type (non-native only;
+                    #                    row-major units: a QuantizedKV key tile before its panels)
     void *vw        # BLOCK_K x Dvp      a value tile widened likewise
 
 
@@ -90,6 +91,8 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
         ws.mtb = carve(&cur, BLOCK_K * FA_QVEC_NV * (FA_VBYTES // item))
         ws.mxt = carve(&cur, FA_QVEC_NV * (FA_VBYTES // item) * item)
     else:
+        if P.k.store == STORE_U8Z or P.k.store == STORE_U4Z:
+            ws.kw = carve(&cur, BLOCK_K * round_up(dk, W) * item)   # the dequantized key tile
         ws.qp = carve(&cur, R * dk * item)
         ws.kt = carve(&cur, round_up(BLOCK_K, FA_QK_NV * W) * dk * item)
         ws.vp = carve(&cur, BLOCK_K * dvp * item)

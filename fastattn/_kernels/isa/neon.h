@@ -172,6 +172,39 @@ static inline fa_v_f fa_load_part_i8(const int8_t *p, int64_t n, float fill)
     return fa_port_loadu_f(t);
 }
 
+/* QuantizedKV codes: 4 bytes (one 32-bit load) zero-extended by two UXTLs, then
+ * UCVTF; 4 bits: 2 bytes as one 16-bit value in every lane, lane e shifted right
+ * by 4e (USHL by a negative count) and masked -- element 2i is the low nibble of
+ * byte i, so the little-endian value holds element e at bits 4e..4e+3 */
+static inline fa_v_f fa_load_u8(const uint8_t *p)
+{
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    const uint8x8_t x = vcreate_u8(w);
+    return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(x))));
+}
+
+static inline fa_v_f fa_load_u4(const uint8_t *p)
+{
+    static const int32_t shifts[4] = {0, -4, -8, -12};
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    const uint32x4_t x = vshlq_u32(vdupq_n_u32(h), vld1q_s32(shifts));
+    return vcvtq_f32_u32(vandq_u32(x, vdupq_n_u32(15)));
+}
+
+/* 8 codes from 4 bytes: the low and high nibbles (AND, USHR) zipped (ZIP1:
+ * even element first), then UXTL twice and UCVTF */
+static inline void fa_load2_u4(const uint8_t *p, fa_v_f *v)
+{
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    const uint8x8_t b = vcreate_u8(w), m = vdup_n_u8(15);
+    const uint16x8_t c = vmovl_u8(vzip1_u8(vand_u8(b, m), vshr_n_u8(b, 4)));
+    v[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(c)));
+    v[1] = vcvtq_f32_u32(vmovl_high_u16(c));
+}
+
 /* float8: the portable bit arithmetic (isa/portable.h) */
 #define fa_f8e4_to_f32 fa_port_f8e4_to_f32
 #define fa_f8e5_to_f32 fa_port_f8e5_to_f32

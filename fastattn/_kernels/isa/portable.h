@@ -26,6 +26,9 @@
  *   bias 7, no inf, NaN = 0x7f / 0xff; float8_e5m2: bias 15, the top byte of an
  *   IEEE half): fa_f8e4_to_f32 / fa_f8e5_to_f32 (scalar), fa_load_f8e4,
  *   fa_load_part_f8e4, fa_load4_f8e4, the same for f8e5.
+ *   QuantizedKV codes: fa_load_u8 (W codes from W bytes), fa_load_u4 (W 4-bit
+ *   codes from W / 2 bytes, the even element in the low nibble), fa_load2_u4
+ *   (2 W 4-bit codes from W bytes into v[0], v[1]).
  * Byte masks: fa_transpose_u8x16(r), 16 rows of 16 bytes transposed in place.
  * Not a standalone header. */
 #ifndef FASTATTN_ISA_PORTABLE_H
@@ -291,6 +294,37 @@ static inline fa_v_f fa_port_load_part_i8(const int8_t *p, int64_t n, float fill
     float t[FA_WF];
     for (int i = 0; i < FA_WF; i++) t[i] = i < n ? (float)p[i] : fill;
     return fa_port_loadu_f(t);
+}
+
+/* Codes of a QuantizedKV (unsigned, exact as float32): fa_load_u8, W 8-bit
+ * codes from W bytes, zero-extended and converted; fa_load_u4, W 4-bit codes
+ * from W / 2 bytes, element 2i in the low nibble of byte i and 2i + 1 in its
+ * high nibble (p at the byte of an even element).  Portable: lane e takes byte
+ * e / 2 shifted by 4 (e % 2), a vector shift and mask. */
+typedef uint8_t fa_u8_wf __attribute__((vector_size(FA_WF)));
+
+static inline fa_v_f fa_port_load_u8(const uint8_t *p)
+{
+    fa_u8_wf b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(__builtin_convertvector(b, fa_vi_f), fa_v_f);
+}
+
+static inline fa_v_f fa_port_load_u4(const uint8_t *p)
+{
+    fa_vi_f w, sh;
+    for (int e = 0; e < FA_WF; e++) {
+        w[e] = p[e >> 1];
+        sh[e] = (e & 1) * 4;
+    }
+    return __builtin_convertvector((w >> sh) & 15, fa_v_f);
+}
+
+/* 2 W 4-bit codes from W bytes: v[0], v[1] */
+static inline void fa_port_load2_u4(const uint8_t *p, fa_v_f *v)
+{
+    v[0] = fa_port_load_u4(p);
+    v[1] = fa_port_load_u4(p + FA_WF / 2);
 }
 
 /* float8: the bytes zero-extended to 32-bit lanes, then bit arithmetic on all

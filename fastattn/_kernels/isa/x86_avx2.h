@@ -133,6 +133,32 @@ static inline float fa_f8e5_to_f32(uint8_t b) { return _cvtsh_ss((unsigned short
 #define fa_load_part_f8e4 fa_port_load_part_f8e4
 #define fa_load_part_f8e5 fa_port_load_part_f8e5
 
+/* QuantizedKV codes: 8 bytes zero-extended (VPMOVZXBD); 4 bits: 4 bytes split
+ * into low and high nibbles, interleaved (even element first), then widened */
+static inline fa_v_f fa_load_u8(const uint8_t *p)
+{
+    return (fa_v_f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+static inline fa_v_f fa_load_u4(const uint8_t *p)
+{
+    int32_t w;
+    memcpy(&w, p, sizeof w);
+    const __m128i b = _mm_cvtsi32_si128(w), m = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    return (fa_v_f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+}
+
+/* 16 codes from 8 bytes: one split and interleave, its two halves widened */
+static inline void fa_load2_u4(const uint8_t *p, fa_v_f *v)
+{
+    const __m128i b = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    const __m128i x = _mm_unpacklo_epi8(lo, hi);
+    v[0] = (fa_v_f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(x));
+    v[1] = (fa_v_f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(x, 8)));
+}
+
 #define fa_load4_f16(p, v) FA_LOAD4_BY_ONE(fa_load_f16, p, v, FA_WF)
 #define fa_load4_bf16(p, v) FA_LOAD4_BY_ONE(fa_load_bf16, p, v, FA_WF)
 #define fa_load4_i8(p, v) FA_LOAD4_BY_ONE(fa_load_i8, p, v, FA_WF)

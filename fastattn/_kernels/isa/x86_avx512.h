@@ -172,6 +172,29 @@ static inline fa_v_f fa_load_part_f8e4(const uint8_t *p, int64_t n, float fill)
 static inline float fa_f8e5_to_f32(uint8_t b) { return _cvtsh_ss((unsigned short)(b << 8)); }
 #define fa_f8e4_to_f32 fa_port_f8e4_to_f32
 
+/* QuantizedKV codes: 16 bytes zero-extended (VPMOVZXBD); 4 bits: 8 bytes split
+ * into low and high nibbles, interleaved (even element first), then widened */
+static inline fa_v_f fa_load_u8(const uint8_t *p)
+{
+    return (fa_v_f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+static inline fa_v_f fa_load_u4(const uint8_t *p)
+{
+    const __m128i b = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    return (fa_v_f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+}
+
+/* 32 codes from 16 bytes: one split, the two interleaved halves widened */
+static inline void fa_load2_u4(const uint8_t *p, fa_v_f *v)
+{
+    const __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    v[0] = (fa_v_f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+    v[1] = (fa_v_f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
+}
+
 #define fa_load4_f16(p, v) FA_LOAD4_BY_ONE(fa_load_f16, p, v, FA_WF)
 #define fa_load4_bf16(p, v) FA_LOAD4_BY_ONE(fa_load_bf16, p, v, FA_WF)
 #define fa_load4_i8(p, v) FA_LOAD4_BY_ONE(fa_load_i8, p, v, FA_WF)

@@ -70,4 +70,9 @@ static inline unsigned fa_lane_bits_d(fa_vi_d m) { return (unsigned)_mm_movemask
 #define fa_load4_f8e4(p, v) FA_LOAD4_BY_ONE(fa_load_f8e4, p, v, FA_WF)
 #define fa_load4_f8e5(p, v) FA_LOAD4_BY_ONE(fa_load_f8e5, p, v, FA_WF)
 
+/* QuantizedKV codes: the portable vector code (isa/portable.h) */
+#define fa_load_u8 fa_port_load_u8
+#define fa_load_u4 fa_port_load_u4
+#define fa_load2_u4 fa_port_load2_u4
+
 #endif /* FASTATTN_ISA_TARGET_H */

@@ -1,0 +1,305 @@
+/* The readers of a QuantizedKV (asymmetric 8-bit or 4-bit codes with a float32
+ * scale and zero point per group of G elements of a row; element d of a row is
+ * (code - zero[d / G]) * scale[d / G]): the few-rows scores and P.V reading the
+ * codes in place (below), and rows dequantized into a tile of the compute type
+ * -- the tile-sized scratch the other units read (the row unit's key panels and
+ * value tile, the query-vectorised unit's widened tiles) -- never a copy of the
+ * cache.
+ *
+ * fa_dequant_rows, float compute: W codes at a time widened in registers by the target's
+ * fa_load_u8 / fa_load_u4 (isa/portable.h), the group's scale and zero point
+ * broadcast when a vector lies in one group (G a multiple of W), or gathered
+ * lane by lane into a vector otherwise (G < W, or not a multiple of it).
+ * Double compute: element by element (a float64 query with a quantized cache).
+ * Part of the per-type body (simd_body.h).  Not a standalone header. */
+
+#ifndef FA_DOUBLE
+/* 2 W codes of a row from element e (even) into c[0], c[1] */
+static inline __attribute__((always_inline)) void FA_SFX(fa_codes2)(const uint8_t *xr, int64_t e, const int bits,
+                                                                   FA_V *c)
+{
+    if (bits == 8) {
+        c[0] = fa_load_u8(xr + e);
+        c[1] = fa_load_u8(xr + e + FA_W);
+    } else {
+        fa_load2_u4(xr + e / 2, c);
+    }
+}
+#endif
+
+static inline FA_T FA_SFX(fa_code_at)(const uint8_t *x, int bits, int64_t d)
+{
+    return (FA_T)(bits == 8 ? x[d] : (x[d >> 1] >> ((d & 1) * 4)) & 15);
+}
+
+/* Rows j < n: codes at x + j * xsr (bytes; 4 bits: element d in byte d / 2),
+ * scales at scale + j * ssr + g * ssc, zero points at zero + j * zsr + g * zsc
+ * (float32, group g = d / G), into dst + j * ld (columns D..ld-1 zero: the
+ * kernels run whole vectors).  Returns 1 when a value is inf or NaN (a scale
+ * that overflows it: see pv_rows_exact). */
+static int FA_SFX(fa_dequant_rows)(const uint8_t *x, int64_t xsr, int bits, const float *scale, int64_t ssr,
+                                   int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t n, int64_t D,
+                                   int64_t G, FA_T *dst, int64_t ld)
+{
+    for (int64_t j = 0; j < n; j++) {
+        const uint8_t *xr = x + j * xsr;
+        const float *sr = scale + j * ssr, *zr = zero + j * zsr;
+        FA_T *y = dst + j * ld;
+        int64_t d = 0;
+#ifndef FA_DOUBLE
+        if (G % FA_W == 0) {
+            for (; d + FA_W <= D; d += FA_W) {
+                const int64_t g = d / G;
+                const FA_V c = bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2);
+                FA_SFX(fa_store)(y + d, (c - FA_SFX(fa_set1)(zr[g * zsc])) * FA_SFX(fa_set1)(sr[g * ssc]));
+            }
+        } else {
+            for (; d + FA_W <= D; d += FA_W) {
+                FA_T sv[FA_W], zv[FA_W];
+                for (int i = 0; i < FA_W; i++) {
+                    const int64_t g = (d + i) / G;
+                    sv[i] = sr[g * ssc];
+                    zv[i] = zr[g * zsc];
+                }
+                const FA_V c = bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2);
+                FA_SFX(fa_store)(y + d, (c - FA_SFX(fa_load)(zv)) * FA_SFX(fa_load)(sv));
+            }
+        }
+#endif
+        for (; d < D; d++) {
+            const int64_t g = d / G;
+            y[d] = (FA_SFX(fa_code_at)(xr, bits, d) - (FA_T)zr[g * zsc]) * (FA_T)sr[g * ssc];
+        }
+        for (d = D; d < ld; d++) y[d] = 0;
+    }
+    /* the inf / NaN probe: a pass of its own over the tile, which is in cache */
+    return FA_SFX(fa_block_nonfinite)(dst, n, D, ld, 1);
+}
+
+#ifndef FA_DOUBLE
+/* The few-rows readers (decode, draft tokens, GQA groups) of a QuantizedKV read
+ * in place, G a multiple of W (every vector inside one group; D too then).
+ *
+ * Scores: each key vector dequantized in registers, (codes - zero) * scale
+ * (the values fa_dequant_rows would store), and multiplied into the rows'
+ * accumulators, which are summed by transpose-and-add trees: no dequantized
+ * key exists in memory.  Every path sums a score's lanes in the same order
+ * (fa_hsum's), so a score does not depend on the rows of its unit or on the
+ * key's place in a pass.  Rows of qp (ldq apart, pre-scaled); key j's codes at
+ * x + j * xsr, its scales / zero points at scale + j * ssr + g * ssc (zero
+ * likewise); s[i * lds + j]. */
+
+/* Key vectors of U keys (u < nk) dequantized: the W elements from d, group g */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qz_dequant_keys)(const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr, const float *zero,
+                           int64_t zsr, int64_t gs, int64_t gz, int64_t d, const int U, int nk, const int bits,
+                           FA_V *c)
+{
+    FA_UNROLL for (int u = 0; u < U; u++)
+        if (u < nk) {
+            const uint8_t *xr = x + u * xsr;
+            c[u] = ((bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2)) - FA_SFX(fa_set1)(zero[u * zsr + gz]))
+                   * FA_SFX(fa_set1)(scale[u * ssr + gs]);
+        }
+}
+
+/* R rows (a power of two, R <= W) against U = W / R keys in one pass: one
+ * accumulator per (row, key), each key vector dequantized once for the R rows,
+ * one transpose-and-add tree; the first nrow rows' scores of the first nk keys
+ * stored.  pf: rows requested that many keys ahead. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64_t D, const uint8_t *x, int64_t xsr,
+                      const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
+                      int64_t G, int nk, float *s, int64_t lds, const int bits, int64_t pf)
+{
+    const int U = FA_W / R;
+    const int64_t rb = D * bits / 8;
+    FA_V r[FA_W];
+    FA_UNROLL for (int a = 0; a < FA_W; a++) r[a] = FA_SFX(fa_set1)(0);
+    if (pf)
+        for (int u = 0; u < nk; u++) {
+            fa_prefetch_bytes(x + (u + pf) * xsr, rb);
+            __builtin_prefetch(scale + (u + pf) * ssr, 0, FA_PF_LOC);
+            __builtin_prefetch(zero + (u + pf) * zsr, 0, FA_PF_LOC);
+        }
+    int64_t d = 0;
+    if (bits == 4)      /* two vectors of 4-bit codes from one split (fa_load2_u4) */
+        for (; d + 2 * FA_W <= D; d += 2 * FA_W) {
+            const int64_t g0 = d / G, g1 = (d + FA_W) / G;
+            const FA_V q0 = FA_SFX(fa_load)(qp + d), q1 = FA_SFX(fa_load)(qp + d + FA_W);
+            FA_UNROLL for (int u = 0; u < U; u++)
+                if (u < nk) {
+                    FA_V c[2];
+                    fa_load2_u4(x + u * xsr + d / 2, c);
+                    const float *sr = scale + u * ssr, *zr = zero + u * zsr;
+                    c[0] = (c[0] - FA_SFX(fa_set1)(zr[g0 * zsc])) * FA_SFX(fa_set1)(sr[g0 * ssc]);
+                    c[1] = (c[1] - FA_SFX(fa_set1)(zr[g1 * zsc])) * FA_SFX(fa_set1)(sr[g1 * ssc]);
+                    if (R == 1) {
+                        r[u] += q0 * c[0];
+                        r[u] += q1 * c[1];
+                    } else {
+                        FA_UNROLL for (int i = 0; i < R; i++) {
+                            r[i * U + u] += FA_SFX(fa_load)(qp + i * ldq + d) * c[0];
+                            r[i * U + u] += FA_SFX(fa_load)(qp + i * ldq + d + FA_W) * c[1];
+                        }
+                    }
+                }
+        }
+    for (; d < D; d += FA_W) {
+        const int64_t g = d / G;
+        FA_V c[FA_W];
+        FA_SFX(fa_qz_dequant_keys)(x, xsr, scale, ssr, zero, zsr, g * ssc, g * zsc, d, U, nk, bits, c);
+        FA_UNROLL for (int i = 0; i < R; i++) {
+            const FA_V qv = FA_SFX(fa_load)(qp + i * ldq + d);
+            FA_UNROLL for (int u = 0; u < U; u++)
+                if (u < nk) r[i * U + u] += qv * c[u];
+        }
+    }
+    FA_SFX(fa_transpose_add)(r);
+    float t[FA_W];
+    FA_SFX(fa_store)(t, r[0]);
+    for (int i = 0; i < nrow; i++)
+        for (int u = 0; u < nk; u++) s[i * lds + u] = t[i * U + u];
+}
+
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_rows_qz_r)(const float *qp, int64_t ldq, const int R, int nrow, int64_t D, const uint8_t *x,
+                        int64_t xsr, const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                        int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds, const int bits)
+{
+    const int U = FA_W / R;
+    const int64_t pfr = fa_pf_rows_bytes(D * bits / 8), pf = pfr > U ? pfr : U;
+    int64_t j = 0;
+    for (; j + U <= n; j += U)
+        FA_SFX(fa_qk_pass_qz)(qp, ldq, R, nrow, D, x + j * xsr, xsr, scale + j * ssr, ssr, ssc, zero + j * zsr, zsr,
+                              zsc, G, U, s + j, lds, bits, pf);
+    if (j < n)
+        FA_SFX(fa_qk_pass_qz)(qp, ldq, R, nrow, D, x + j * xsr, xsr, scale + j * ssr, ssr, ssc, zero + j * zsr, zsr,
+                              zsc, G, (int)(n - j), s + j, lds, bits, 0);
+}
+
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_rows_qz_bits)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
+                           const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
+                           int64_t G, int64_t n, float *s, int64_t lds, const int bits)
+{
+    /* blocks of up to 4 rows (qp holds zero rows up to nr rounded up: rows_alloc),
+     * 3 rows as 4; one row: W keys per pass */
+    for (int64_t i0 = 0; i0 < nr; i0 += 4) {
+        const int rows = nr - i0 < 4 ? (int)(nr - i0) : 4;
+        const float *q = qp + i0 * ldq;
+        float *si = s + i0 * lds;
+        if (rows == 1)
+            FA_SFX(fa_qk_rows_qz_r)(q, ldq, 1, 1, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, si, lds, bits);
+        else if (rows == 2 || FA_W < 4)
+            for (int a = 0; a < rows; a += 2)
+                FA_SFX(fa_qk_rows_qz_r)(q + a * ldq, ldq, 2, rows - a < 2 ? rows - a : 2, D, x, xsr, scale, ssr,
+                                        ssc, zero, zsr, zsc, G, n, si + a * lds, lds, bits);
+        else
+            FA_SFX(fa_qk_rows_qz_r)(q, ldq, 4, rows, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, si, lds, bits);
+    }
+}
+
+static void FA_SFX(fa_qk_rows_qz)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
+                                  int bits, const float *scale, int64_t ssr, int64_t ssc, const float *zero,
+                                  int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds)
+{
+    if (bits == 8)
+        FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8);
+    else
+        FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4);
+}
+
+/* O += P . V over keys [k0, k1) of quantized values read in place: R rows (p
+ * rows ldp apart, o rows ldo apart) and NB output vectors from column d held in
+ * registers while the keys stream by once: per key and vector, (codes - zero)
+ * widened in registers and added with weight p * scale. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
+                      int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t k0, int64_t k1,
+                      float *o, int64_t ldo, int64_t d, const int R, const int NB, const int bits, int64_t pf,
+                      int64_t rb)
+{
+    FA_V acc[4][8];
+    int64_t so[8], zo[8];
+    FA_UNROLL for (int b = 0; b < NB; b++) {
+        so[b] = (d + b * FA_W) / G * ssc;
+        zo[b] = (d + b * FA_W) / G * zsc;
+        FA_UNROLL for (int r = 0; r < R; r++) acc[r][b] = FA_SFX(fa_load)(o + r * ldo + d + b * FA_W);
+    }
+    for (int64_t j = k0; j < k1; j++) {
+        const uint8_t *xr = x + j * xsr;
+        const float *sr = scale + j * ssr, *zr = zero + j * zsr;
+        if (pf) {
+            fa_prefetch_bytes(xr + pf * xsr, rb);
+            __builtin_prefetch(sr + pf * ssr, 0, FA_PF_LOC);
+            __builtin_prefetch(zr + pf * zsr, 0, FA_PF_LOC);
+        }
+        float pj[4];
+        FA_UNROLL for (int r = 0; r < R; r++) pj[r] = p[r * ldp + j];
+        FA_V c[8];
+        if (NB == 1)
+            c[0] = bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2);
+        else
+            FA_UNROLL for (int b = 0; b < NB; b += 2) FA_SFX(fa_codes2)(xr, d + b * FA_W, bits, c + b);
+        FA_UNROLL for (int b = 0; b < NB; b++) {
+            const FA_V cz = c[b] - FA_SFX(fa_set1)(zr[zo[b]]);
+            const float sj = sr[so[b]];
+            FA_UNROLL for (int r = 0; r < R; r++) acc[r][b] += cz * FA_SFX(fa_set1)(pj[r] * sj);
+        }
+    }
+    FA_UNROLL for (int b = 0; b < NB; b++)
+        FA_UNROLL for (int r = 0; r < R; r++) FA_SFX(fa_store)(o + r * ldo + d + b * FA_W, acc[r][b]);
+}
+
+/* R rows over every column: blocks of NB vectors (a last one of fewer), the
+ * first block's pass requesting the rows ahead (the later blocks find them in
+ * cache). */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_rows_qz_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
+                        int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t k0, int64_t k1,
+                        float *o, int64_t ldo, int64_t D, const int R, const int bits)
+{
+    const int NB = R == 1 ? 8 : R == 2 || FA_VBYTES >= 64 ? 4 : 2;   /* R x NB accumulators: 8 or 16 */
+    const int64_t rb = D * bits / 8, pfr = fa_pf_rows_bytes(rb);
+    int64_t d = 0;
+    for (; d + NB * FA_W <= D; d += NB * FA_W)
+        FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, R, NB, bits,
+                              d == 0 ? pfr : 0, rb);
+    for (; d < D; d += FA_W)
+        FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, R, 1, bits,
+                              d == 0 ? pfr : 0, rb);
+}
+
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_rows_qz_bits)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr,
+                           const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                           int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D,
+                           const int bits)
+{
+    for (int64_t i0 = 0; i0 < nr; i0 += 4) {
+        const float *pi = p + i0 * ldp;
+        float *oi = o + i0 * ldo;
+        switch (nr - i0 < 4 ? (int)(nr - i0) : 4) {
+        case 1: FA_SFX(fa_pv_rows_qz_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 1,
+                                        bits); break;
+        case 2: FA_SFX(fa_pv_rows_qz_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 2,
+                                        bits); break;
+        case 3: FA_SFX(fa_pv_rows_qz_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 3,
+                                        bits); break;
+        default: FA_SFX(fa_pv_rows_qz_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 4,
+                                         bits); break;
+        }
+    }
+}
+
+static void FA_SFX(fa_pv_rows_qz)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr, int bits,
+                                  const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                                  int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D)
+{
+    if (bits == 8)
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 8);
+    else
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4);
+}
+#endif
