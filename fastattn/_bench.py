@@ -143,6 +143,8 @@ STORAGE_CASES = [
     _A("prefill-f16", 1, 8, 1024, 1024, 64, extra=True, kv_dtype="float16", q_dtype="float16", twin="prefill"),
     _A("prefill-bf16", 1, 8, 1024, 1024, 64, extra=True, kv_dtype="bfloat16", q_dtype="bfloat16",
        twin="prefill"),
+    _A("causal-bf16", 1, 8, 1024, 1024, 64, causal=True, extra=True, kv_dtype="bfloat16",
+       q_dtype="bfloat16", twin="causal"),
 ]
 
 # float8 (e4m3fn, e5m2) and QuantizedKV (u8, u4) caches and attention sinks, side
