@@ -129,7 +129,7 @@ T=tests
 A_DEFAULT=(
     $T/test_seed.py $T/test_dispatch.py $T/test_attention.py $T/test_semantics.py
     $T/test_storage.py $T/test_kv_formats.py $T/test_bf16_products.py $T/test_sinks.py
-    $T/test_varlen.py $T/test_backward.py $T/test_accuracy.py
+    $T/test_varlen.py $T/test_backward.py $T/test_accuracy.py $T/test_quantized_kernels.py
     -k "not 2147483647 and not 33554433 and not 65536 and not 1024-1024"
 )
 # Lane B (cortex-a72 -> neon, ARMv8.0): the core of the same kinds on the fallback
@@ -137,7 +137,7 @@ A_DEFAULT=(
 # backward; the query-vectorised semantics tests in float32 only (float64 in lane A)
 B_DEFAULT=(
     $T/test_seed.py $T/test_dispatch.py $T/test_attention.py $T/test_semantics.py
-    $T/test_storage.py $T/test_varlen.py $T/test_backward.py
+    $T/test_storage.py $T/test_quantized_kernels.py $T/test_varlen.py $T/test_backward.py
     -k "not (query_vectorised and float64)"
 )
 # Lane B, then FASTATTN_ISA=baseline (generic.h): the seed example and the storage tests
