@@ -10,7 +10,10 @@ Public API: :func:`attention`, :func:`attention_backward` (its gradients),
 (:func:`set_num_threads`, :func:`get_num_threads`, :func:`threads`),
 :func:`show_config`, and :mod:`fastattn.reference` (the pure-NumPy specification).
 """
-from . import reference
+from ._threads import _drop_invalid_omp_num_threads
+
+_drop_invalid_omp_num_threads()     # before any OpenMP runtime reads it (libomp aborts on garbage)
+from . import reference  # noqa: E402
 try:
     from ._api import (attention, attention_backward, attention_paged, attention_varlen, log_softmax,
                        merge_attention, softmax)

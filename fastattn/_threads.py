@@ -117,6 +117,28 @@ def _omp_num_threads_env() -> Optional[int]:
     return n if n >= 1 else None
 
 
+def _drop_invalid_omp_num_threads() -> None:
+    """Remove an OMP_NUM_THREADS that is not a list of positive integers from this
+    process's environment, with a RuntimeWarning, before any OpenMP runtime reads it.
+
+    GNU libgomp ignores such a value; LLVM's libomp (clang builds, macOS, the
+    Windows wheels) aborts the process on some ("OMP_NUM_THREADS=lots": "Out of
+    heap memory", libomp 14).  fastattn ignores it either way (the default then
+    follows the usable CPUs), so the process behaves the same on every build.
+    Called once by ``import fastattn``, before the kernels are loaded."""
+    raw = os.environ.get("OMP_NUM_THREADS")
+    if raw is None or not raw.strip():
+        return
+    entries = raw.strip().split(",")
+    if all(e.strip().isdigit() and int(e) >= 1 for e in entries):
+        return
+    import warnings
+    warnings.warn(f"OMP_NUM_THREADS={raw!r} is not a list of positive integers: fastattn ignores it and "
+                  "removes it from this process's environment (LLVM's OpenMP runtime would abort on it)",
+                  RuntimeWarning, stacklevel=3)
+    del os.environ["OMP_NUM_THREADS"]
+
+
 def _affinity_count() -> int:
     if hasattr(os, "process_cpu_count"):          # Python 3.13+
         n = os.process_cpu_count()
