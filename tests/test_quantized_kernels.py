@@ -103,10 +103,13 @@ def kv_of(rng, kind, shape, G):
         return rng.standard_normal(shape).astype(np.float32)
     if kind == "f16":
         return rng.standard_normal(shape).astype(np.float16)
+    if kind.endswith("D"):       # one group per row (G = D): the scores' own zero / scale path
+        kind, G = kind[:-1], shape[-1]
     return quantized(rng, shape, 4 if kind == "q4" else 8, G)
 
 
-@pytest.mark.parametrize("kv", [("q4", "q4"), ("q8", "q8"), ("q4", "f32"), ("f16", "q8"), ("q8", "q4")])
+@pytest.mark.parametrize("kv", [("q4", "q4"), ("q8", "q8"), ("q4", "f32"), ("f16", "q8"), ("q8", "q4"),
+                                ("q8D", "q8D"), ("q4D", "f32")])
 @pytest.mark.parametrize("Lq", [1, 3, 40])
 @pytest.mark.parametrize("opt", range(len(OPTIONS)))
 def test_options_against_reference(kv, Lq, opt):
@@ -284,13 +287,15 @@ def test_quantized_cache_is_smaller_and_close_to_float():
         assert rel < tol, (bits, rel)
 
 
+@pytest.mark.parametrize("G", [32, 64])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_rows_of_a_unit_do_not_change_a_row(bits):
+def test_rows_of_a_unit_do_not_change_a_row(bits, G):
     """Decode of a GQA group (4 rows read the codes together) gives each row the
-    bits of that row decoded alone: the scores' lanes are summed in one order."""
-    rng = rng_for(bits, "rows")
-    k = quantized(rng, (1, 1, 700, 64), bits, 32)
-    v = quantized(rng, (1, 1, 700, 64), bits, 32)
+    bits of that row decoded alone: the scores' lanes are summed in one order
+    (G = D = 64: one group per row, zero point and scale applied per score)."""
+    rng = rng_for(bits, "rows", G)
+    k = quantized(rng, (1, 1, 700, 64), bits, G)
+    v = quantized(rng, (1, 1, 700, 64), bits, G)
     q = rng.standard_normal((1, 4, 1, 64)).astype(np.float32)
     together = fastattn.attention(q, k, v)
     for h in range(4):

@@ -85,7 +85,10 @@ static int FA_SFX(fa_dequant_rows)(const uint8_t *x, int64_t xsr, int bits, cons
  * accumulators, which are summed by transpose-and-add trees: no dequantized
  * key exists in memory.  Every path sums a score's lanes in the same order
  * (fa_hsum's), so a score does not depend on the rows of its unit or on the
- * key's place in a pass.  Rows of qp (ldq apart, pre-scaled); key j's codes at
+ * key's place in a pass.  One group per row (G = D, the 8-bit default): the
+ * passes sum q . codes (no dequantization in the loop) and each score is
+ * (q . codes - zero * sum(q)) * scale, one subtraction and one multiplication
+ * per key instead of two per element.  Rows of qp (ldq apart, pre-scaled); key j's codes at
  * x + j * xsr, its scales / zero points at scale + j * ssr + g * ssc (zero
  * likewise); s[i * lds + j]. */
 
@@ -110,7 +113,8 @@ FA_SFX(fa_qz_dequant_keys)(const uint8_t *x, int64_t xsr, const float *scale, in
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64_t D, const uint8_t *x, int64_t xsr,
                       const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
-                      int64_t G, int nk, float *s, int64_t lds, const int bits, int64_t pf)
+                      int64_t G, int nk, float *s, int64_t lds, const int bits, int64_t pf, const int one,
+                      const float *qs)
 {
     const int U = FA_W / R;
     const int64_t rb = D * bits / 8;
@@ -131,9 +135,11 @@ FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64
                 if (u < nk) {
                     FA_V c[2];
                     fa_load2_u4(x + u * xsr + d / 2, c);
-                    const float *sr = scale + u * ssr, *zr = zero + u * zsr;
-                    c[0] = (c[0] - FA_SFX(fa_set1)(zr[g0 * zsc])) * FA_SFX(fa_set1)(sr[g0 * ssc]);
-                    c[1] = (c[1] - FA_SFX(fa_set1)(zr[g1 * zsc])) * FA_SFX(fa_set1)(sr[g1 * ssc]);
+                    if (!one) {
+                        const float *sr = scale + u * ssr, *zr = zero + u * zsr;
+                        c[0] = (c[0] - FA_SFX(fa_set1)(zr[g0 * zsc])) * FA_SFX(fa_set1)(sr[g0 * ssc]);
+                        c[1] = (c[1] - FA_SFX(fa_set1)(zr[g1 * zsc])) * FA_SFX(fa_set1)(sr[g1 * ssc]);
+                    }
                     if (R == 1) {
                         r[u] += q0 * c[0];
                         r[u] += q1 * c[1];
@@ -148,7 +154,12 @@ FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64
     for (; d < D; d += FA_W) {
         const int64_t g = d / G;
         FA_V c[FA_W];
-        FA_SFX(fa_qz_dequant_keys)(x, xsr, scale, ssr, zero, zsr, g * ssc, g * zsc, d, U, nk, bits, c);
+        if (one)
+            FA_UNROLL for (int u = 0; u < U; u++) {
+                if (u < nk) c[u] = bits == 8 ? fa_load_u8(x + u * xsr + d) : fa_load_u4(x + u * xsr + d / 2);
+            }
+        else
+            FA_SFX(fa_qz_dequant_keys)(x, xsr, scale, ssr, zero, zsr, g * ssc, g * zsc, d, U, nk, bits, c);
         FA_UNROLL for (int i = 0; i < R; i++) {
             const FA_V qv = FA_SFX(fa_load)(qp + i * ldq + d);
             FA_UNROLL for (int u = 0; u < U; u++)
@@ -158,45 +169,61 @@ FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64
     FA_SFX(fa_transpose_add)(r);
     float t[FA_W];
     FA_SFX(fa_store)(t, r[0]);
-    for (int i = 0; i < nrow; i++)
-        for (int u = 0; u < nk; u++) s[i * lds + u] = t[i * U + u];
+    if (one)    /* q . (codes - zero) * scale = (q . codes - zero * sum(q)) * scale */
+        for (int i = 0; i < nrow; i++)
+            for (int u = 0; u < nk; u++) s[i * lds + u] = (t[i * U + u] - zero[u * zsr] * qs[i]) * scale[u * ssr];
+    else
+        for (int i = 0; i < nrow; i++)
+            for (int u = 0; u < nk; u++) s[i * lds + u] = t[i * U + u];
 }
 
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_qk_rows_qz_r)(const float *qp, int64_t ldq, const int R, int nrow, int64_t D, const uint8_t *x,
                         int64_t xsr, const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
-                        int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds, const int bits)
+                        int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds, const int bits, const int one,
+                        const float *qs)
 {
     const int U = FA_W / R;
     const int64_t pfr = fa_pf_rows_bytes(D * bits / 8), pf = pfr > U ? pfr : U;
     int64_t j = 0;
     for (; j + U <= n; j += U)
         FA_SFX(fa_qk_pass_qz)(qp, ldq, R, nrow, D, x + j * xsr, xsr, scale + j * ssr, ssr, ssc, zero + j * zsr, zsr,
-                              zsc, G, U, s + j, lds, bits, pf);
+                              zsc, G, U, s + j, lds, bits, pf, one, qs);
     if (j < n)
         FA_SFX(fa_qk_pass_qz)(qp, ldq, R, nrow, D, x + j * xsr, xsr, scale + j * ssr, ssr, ssc, zero + j * zsr, zsr,
-                              zsc, G, (int)(n - j), s + j, lds, bits, 0);
+                              zsc, G, (int)(n - j), s + j, lds, bits, 0, one, qs);
 }
 
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_qk_rows_qz_bits)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
                            const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
-                           int64_t G, int64_t n, float *s, int64_t lds, const int bits)
+                           int64_t G, int64_t n, float *s, int64_t lds, const int bits, const int one)
 {
     /* blocks of up to 4 rows (qp holds zero rows up to nr rounded up: rows_alloc),
-     * 3 rows as 4; one row: W keys per pass */
+     * 3 rows as 4; one row: W keys per pass.  One group per row (G = D): the
+     * passes sum q . codes and the zero point and scale are applied to each score
+     * (qs: each row's sum of q, the same vector sum whichever rows share a pass) */
     for (int64_t i0 = 0; i0 < nr; i0 += 4) {
         const int rows = nr - i0 < 4 ? (int)(nr - i0) : 4;
         const float *q = qp + i0 * ldq;
         float *si = s + i0 * lds;
+        float qs[4] = {0, 0, 0, 0};
+        if (one)
+            for (int i = 0; i < rows; i++) {
+                FA_V a = FA_SFX(fa_set1)(0);
+                for (int64_t d = 0; d < D; d += FA_W) a += FA_SFX(fa_load)(q + i * ldq + d);
+                qs[i] = FA_SFX(fa_hsum)(a);
+            }
         if (rows == 1)
-            FA_SFX(fa_qk_rows_qz_r)(q, ldq, 1, 1, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, si, lds, bits);
+            FA_SFX(fa_qk_rows_qz_r)(q, ldq, 1, 1, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, si, lds, bits,
+                                    one, qs);
         else if (rows == 2 || FA_W < 4)
             for (int a = 0; a < rows; a += 2)
                 FA_SFX(fa_qk_rows_qz_r)(q + a * ldq, ldq, 2, rows - a < 2 ? rows - a : 2, D, x, xsr, scale, ssr,
-                                        ssc, zero, zsr, zsc, G, n, si + a * lds, lds, bits);
+                                        ssc, zero, zsr, zsc, G, n, si + a * lds, lds, bits, one, qs + a);
         else
-            FA_SFX(fa_qk_rows_qz_r)(q, ldq, 4, rows, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, si, lds, bits);
+            FA_SFX(fa_qk_rows_qz_r)(q, ldq, 4, rows, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, si, lds, bits,
+                                    one, qs);
     }
 }
 
@@ -204,10 +231,15 @@ static void FA_SFX(fa_qk_rows_qz)(const float *qp, int64_t ldq, int64_t nr, int6
                                   int bits, const float *scale, int64_t ssr, int64_t ssc, const float *zero,
                                   int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds)
 {
-    if (bits == 8)
-        FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8);
+    if (G == D) {
+        if (bits == 8)
+            FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8, 1);
+        else
+            FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4, 1);
+    } else if (bits == 8)
+        FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8, 0);
     else
-        FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4);
+        FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4, 0);
 }
 
 /* O += P . V over keys [k0, k1) of quantized values read in place: R rows (p
