@@ -235,3 +235,30 @@ def child_process_env(env=None):
     home = os.path.dirname(os.path.dirname(os.path.abspath(fastattn.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (home, env.get("PYTHONPATH", "")) if p)
     return env, tempfile.gettempdir()
+
+
+# Every option of attention() for the cache-format tests (4 query heads, at least 20
+# keys): "bias" / "mask" are drawn per call by cache_options.
+CACHE_OPTIONS = [
+    {},
+    {"causal": True},
+    {"causal": "bottom_right", "window": (5, 0)},
+    {"softcap": 20.0, "alibi_slopes": np.array([0.1, 0.2, 0.3, 0.4])},
+    {"kv_lengths": np.array([7, 20])},
+    {"kv_start": np.array([2, 0]), "causal": "bottom_right"},
+    {"bias": "bias"},
+    {"mask": "mask"},
+    {"return_weights": True},
+    {"return_lse": True, "scale": 0.3},
+    {"sinks": np.array([0.5, -1.0, 2.0, 0.0])},
+]
+
+
+def cache_options(opt, rng, B, Hq, Lq, Lk):
+    """CACHE_OPTIONS[opt] with its bias / mask drawn for a (B, Hq, Lq, Lk) call."""
+    options = dict(CACHE_OPTIONS[opt])
+    if options.get("bias") == "bias":
+        options["bias"] = rng.standard_normal((B, Hq, Lq, Lk)).astype(np.float32)
+    if options.get("mask") == "mask":
+        options["mask"] = rng.random((Lq, Lk)) < 0.7
+    return options

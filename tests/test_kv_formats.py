@@ -7,6 +7,7 @@ import pytest
 import fastattn
 from fastattn import reference
 from fastattn._quantized import QuantizedKV, quantize_kv
+from fa_testutil import CACHE_OPTIONS, cache_options
 
 try:
     import ml_dtypes
@@ -56,25 +57,13 @@ def test_every_float8_value_widens_exactly(name):
     np.testing.assert_array_equal(out[0], finite.astype(np.float32))
 
 
-OPTIONS = [
-    {},
-    {"causal": True},
-    {"causal": "bottom_right", "window": (5, 0)},
-    {"softcap": 20.0, "alibi_slopes": np.array([0.1, 0.2, 0.3, 0.4])},
-    {"kv_lengths": np.array([7, 20])},
-    {"kv_start": np.array([2, 0]), "causal": "bottom_right"},
-    {"bias": "bias"},
-    {"mask": "mask"},
-    {"return_weights": True},
-    {"return_lse": True},
-]
 
 
 @needs_f8
 @pytest.mark.parametrize("kname", F8 + ["float16"])
 @pytest.mark.parametrize("vname", F8)
 @pytest.mark.parametrize("Lq", [1, 3, 40])
-@pytest.mark.parametrize("opt", range(len(OPTIONS)))
+@pytest.mark.parametrize("opt", range(len(CACHE_OPTIONS)))
 def test_float8_against_reference(kname, vname, Lq, opt):
     rng = rng_for(kname, vname, Lq, opt)
     B, Hq, Hkv, Lk, D = 2, 4, 2, 23, 32
@@ -83,11 +72,7 @@ def test_float8_against_reference(kname, vname, Lq, opt):
     v = rng.standard_normal((B, Hkv, Lk, D))
     k = k.astype(np.float16) if kname == "float16" else f8(k, kname)
     v = f8(v, vname)
-    options = dict(OPTIONS[opt])
-    if options.get("bias") == "bias":
-        options["bias"] = rng.standard_normal((B, Hq, Lq, Lk)).astype(np.float32)
-    if options.get("mask") == "mask":
-        options["mask"] = rng.random((Lq, Lk)) < 0.7
+    options = cache_options(opt, rng, B, Hq, Lq, Lk)
     got = fastattn.attention(q, k, v, **options)
     want = reference.attention(q, k, v, **options)
     if not isinstance(got, tuple):

@@ -9,6 +9,7 @@ import pytest
 import fastattn
 from fastattn import reference
 from fastattn._quantized import QuantizedKV, quantize_kv
+from fa_testutil import CACHE_OPTIONS, cache_options
 
 
 def rng_for(*key):
@@ -81,19 +82,6 @@ def test_reference_matches_fields():
 
 # ---------------------------------------------------------------- options
 
-OPTIONS = [
-    {},
-    {"causal": True},
-    {"causal": "bottom_right", "window": (5, 0)},
-    {"softcap": 20.0, "alibi_slopes": np.array([0.1, 0.2, 0.3, 0.4])},
-    {"kv_lengths": np.array([7, 20])},
-    {"kv_start": np.array([2, 0]), "causal": "bottom_right"},
-    {"bias": "bias"},
-    {"mask": "mask"},
-    {"return_weights": True},
-    {"return_lse": True, "scale": 0.3},
-    {"sinks": np.array([0.5, -1.0, 2.0, 0.0])},
-]
 
 KINDS = ["q4", "q8", "f32", "f16"]
 
@@ -111,18 +99,14 @@ def kv_of(rng, kind, shape, G):
 @pytest.mark.parametrize("kv", [("q4", "q4"), ("q8", "q8"), ("q4", "f32"), ("f16", "q8"), ("q8", "q4"),
                                 ("q8D", "q8D"), ("q4D", "f32")])
 @pytest.mark.parametrize("Lq", [1, 3, 40])
-@pytest.mark.parametrize("opt", range(len(OPTIONS)))
+@pytest.mark.parametrize("opt", range(len(CACHE_OPTIONS)))
 def test_options_against_reference(kv, Lq, opt):
     rng = rng_for(kv, Lq, opt)
     B, Hq, Hkv, Lk, D, G = 2, 4, 2, 150, 32, 16
     q = rng.standard_normal((B, Hq, Lq, D)).astype(np.float32)
     k = kv_of(rng, kv[0], (B, Hkv, Lk, D), G)
     v = kv_of(rng, kv[1], (B, Hkv, Lk, D), G)
-    options = dict(OPTIONS[opt])
-    if options.get("bias") == "bias":
-        options["bias"] = rng.standard_normal((B, Hq, Lq, Lk)).astype(np.float32)
-    if options.get("mask") == "mask":
-        options["mask"] = rng.random((Lq, Lk)) < 0.7
+    options = cache_options(opt, rng, B, Hq, Lq, Lk)
     got = fastattn.attention(q, k, v, **options)
     want = reference.attention(q, k, v, **options)
     check(got, want)
