@@ -473,9 +473,10 @@ Returns
 -------
 dq, dk, dv : ndarray
     In the shapes of q, k, v and their dtypes (integer inputs: the output's
-    dtype).  Gradients of broadcast batch dims are summed back to the input's
-    shape; with grouped heads (GQA/MQA) dk and dv sum over the query heads of
-    their group.
+    dtype; float16 / bfloat16 inputs are read in place, computed in float32
+    and their gradients rounded once into the input's dtype).  Gradients of
+    broadcast batch dims are summed back to the input's shape; with grouped
+    heads (GQA/MQA) dk and dv sum over the query heads of their group.
 dbias : ndarray
     Only with ``return_dbias=True``: in bias's shape, summed over the dims
     along which bias was broadcast.

@@ -175,6 +175,102 @@ def test_mixed_and_integer_dtypes(rng):
     assert rms_rel_err(dv, want[2]) < 3e-3
 
 
+# ------------------------------------------------------------------ float16 / bfloat16 read in place
+
+def _half(name):
+    if name == "float16":
+        return np.dtype(np.float16)
+    return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+
+
+HALF_OPTIONS = ["plain", "causal", "window", "mask", "bias", "kv_lengths", "softcap", "alibi", "combined"]
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", HALF_OPTIONS)
+def test_half_inputs_read_in_place(half, name, rng):
+    """float16 / bfloat16 q, k, v, grad_out and out are read in place (widened as
+    the tiles are packed): the gradients are bit-for-bit those of float32 copies of
+    the same arrays (widening is exact), and within the float32 tolerance of the
+    float64 reference on the widened inputs, before the rounding to the input
+    dtype (grouped heads, Dk != Dv, partial blocks)."""
+    dt = _half(half)
+    H, Hkv, Lq, Lk = 3, 3, 203, 150
+    opts = _opts(name, rng, H, Lq, Lk)
+    if name in ("plain", "causal", "softcap"):
+        H, Hkv = 4, 2           # grouped heads where no option is per head
+    q, k, v = _inputs(rng, (2, H, Lq, 40), (2, Hkv, Lk, 40), (2, Hkv, Lk, 24), dt)
+    out, lse = fastattn.attention(q, k, v, return_lse=True, **opts)
+    assert out.dtype == dt
+    g = rng.standard_normal(out.shape).astype(dt)
+    got = fastattn.attention_backward(g, q, k, v, out, lse, **opts)
+    f32 = [x.astype(np.float32) for x in (g, q, k, v, out)]
+    same = fastattn.attention_backward(*f32[:5], lse, **opts)
+    want = R.attention_backward(*(x.astype(np.float64) for x in (g, q, k, v, out)), lse.astype(np.float64),
+                                **opts)
+    for name_, a, b, w in zip(("dq", "dk", "dv"), got, same, want):
+        assert a.dtype == dt, f"{name_}: dtype {a.dtype}"
+        assert np.array_equal(a, b.astype(dt)), f"{name_}: differs from the float32 copies' gradient"
+        err = _err(b, w)
+        assert err <= F32_TOL, f"{name_}: relative RMS error {err:.2e} > {F32_TOL:.0e} ({half}, {opts})"
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "negative"])
+def test_half_inputs_any_strides(half, layout, rng):
+    """Strided float16 / bfloat16 inputs (rows or elements apart) are read in place
+    too, with the gradients of their float32 copies."""
+    dt = _half(half)
+    q, k, v = _inputs(rng, (2, 3, 70, 20), (2, 3, 110, 20), (2, 3, 110, 12), dt)
+    out, lse = fastattn.attention(q, k, v, return_lse=True, causal=True)
+    g = rng.standard_normal(out.shape).astype(dt)
+    args = [make_layout(a, layout) for a in (g, q, k, v, out, lse)]
+    got = fastattn.attention_backward(*args, causal=True)
+    same = fastattn.attention_backward(*(a.astype(np.float32) for a in (g, q, k, v, out)), lse, causal=True)
+    for a, b in zip(got, same):
+        assert np.array_equal(a, b.astype(dt))
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_half_gradients_wide_heads_and_key_groups(half, rng):
+    """Head dims past the float32 chunk the dq rows are summed in (256 columns),
+    dq summed over key groups (long keys), grouped heads, a broadcast k (its dk is
+    summed in float32 and then rounded): the gradients of the float32 copies."""
+    dt = _half(half)
+    q, k, v = _inputs(rng, (2, 4, 40, 300), (2, 2, 1300, 300), (2, 2, 1300, 260), dt)
+    for kk in (k, k[:1]):       # k[:1]: broadcast over the batch
+        out, lse = fastattn.attention(q, kk, v, return_lse=True, window=(900, 0), align="bottom_right")
+        g = rng.standard_normal(out.shape).astype(dt)
+        got = fastattn.attention_backward(g, q, kk, v, out, lse, window=(900, 0), align="bottom_right")
+        same = fastattn.attention_backward(*(a.astype(np.float32) for a in (g, q, kk, v, out)), lse,
+                                           window=(900, 0), align="bottom_right")
+        assert got[1].shape == kk.shape
+        for a, b in zip(got, same):
+            assert a.dtype == dt and np.array_equal(a, b.astype(dt))
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_half_inputs_are_never_copied(half, rng):
+    """A backward over 16 MiB float16 / bfloat16 k and v allocates its results --
+    dk and dv in the input dtype, 2x k.nbytes, written by the kernels -- and no
+    float32 copy of an input or of a gradient (float32 copies of k and v alone
+    would add 4x k.nbytes, float32 dk and dv 4x); tracemalloc sees NumPy's
+    allocations."""
+    import tracemalloc
+    dt = _half(half)
+    q, k, v = _inputs(rng, (1, 8, 32, 128), (1, 8, 8192, 128), (1, 8, 8192, 128), dt)
+    out, lse = fastattn.attention(q, k, v, return_lse=True)
+    g = np.ones_like(out)
+    fastattn.attention_backward(g, q, k, v, out, lse)
+    tracemalloc.start()
+    try:
+        fastattn.attention_backward(g, q, k, v, out, lse)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2.5 * k.nbytes, f"{peak / k.nbytes:.2f} x k.nbytes allocated"
+
+
 # ------------------------------------------------------------------ threads
 
 @pytest.mark.parametrize("case", ["one-head", "heads", "dbias-shared", "gqa-decode"])

@@ -61,6 +61,7 @@ cdef enum:
     BWD_BQ = 96              # query rows per tile; with BWD_BK a multiple of every register
     BWD_BK = 96              # block, vector width and QK panel width of every ISA and dtype
     BWD_UNIT_TARGET = 32     # key groups per batch element: at least this many units when possible
+    BWD_NARROW = 256         # dq columns summed at a time before a float16 / bfloat16 dq's rounding
 
 # dq partials (G > 1 key groups) take at most this many bytes; G shrinks to fit
 cdef int64_t BWD_PARTIAL_BUDGET = 16 << 20
@@ -231,14 +232,53 @@ cdef inline int64_t key_group(int64_t c, int64_t G) noexcept nogil:
     return m if m < G else 2 * G - 1 - m
 
 
+cdef inline const floating *bwd_widen_row(const Operand *op, const char *src, floating *dst,
+                                          int64_t n) noexcept nogil:
+    """n elements of a stored row (float16 / bfloat16, or the compute type) widened
+    into dst, contiguous; returns dst."""
+    cdef int64_t c
+    if op.sc == 1:
+        stored_scale_row(op.store, src, dst, n, <floating>1)
+    else:
+        for c in range(n):
+            dst[c] = <floating>stored_value(op.store, src, c * op.sc)
+    return dst
+
+
+cdef int bwd_pack_stored(const Operand *op, const char *base, const int64_t *off, int64_t n, int64_t D,
+                         floating scale, floating *dst, int64_t ldd, int64_t npad) noexcept nogil:
+    """bwd_pack_rows of rows base + off[i] (elements) of a stored operand: the
+    compute type directly; float16 / bfloat16 (q, k, v, dO read in place) widened
+    a row at a time into dst (exact), then scaled, padded and probed there by
+    bwd_pack_rows -- the arithmetic a float32 copy of the operand would get."""
+    cdef int64_t i
+    cdef int64_t zero = 0
+    cdef int nonfinite = 0
+    cdef floating *row
+    if op.store == native_store(<floating>0):
+        return bwd_pack_rows(<const floating *>base, off, op.sc, n, D, scale, dst, ldd, npad)
+    for i in range(n):
+        row = dst + i * ldd
+        bwd_widen_row(op, base + off[i] * op.item, row, D)
+        nonfinite |= bwd_pack_rows(<const floating *>row, &zero, 1, 1, D, scale, row, ldd, 1)
+    if npad > n:
+        bwd_pack_rows(<const floating *>dst, &zero, 1, 0, D, scale, dst + n * ldd, ldd, npad - n)
+    return nonfinite
+
+
 cdef void bwd_row_stats(const BwdPlan *B, BwdWorkspace *ws, int64_t b, floating *lse,
                         floating *dd) noexcept nogil:
     """Per row of batch element b: lse (+inf instead of -inf, so that a row that
-    sees no key gets P = exp(-inf - inf) = 0) and D = rowsum(dO * O)."""
+    sees no key gets P = exp(-inf - inf) = 0) and D = rowsum(dO * O).  A float16 /
+    bfloat16 dO or O (read in place) is widened a row at a time into the
+    workspace (ws.dor, ws.dv: free until the key blocks), exactly, so D is the
+    sum a float32 copy would give."""
     cdef const Plan *P = &B.P
-    cdef const floating *obase = (<const floating *>P.o.base) + batch_offset(P, &P.o, b)
-    cdef const floating *gbase = (<const floating *>B.dout.base) + batch_offset(P, &B.dout, b)
+    cdef const char *obase = stored_at(&P.o, batch_offset(P, &P.o, b))
+    cdef const char *gbase = stored_at(&B.dout, batch_offset(P, &B.dout, b))
     cdef const floating *lbase = (<const floating *>P.lse.base) + batch_offset(P, &P.lse, b)
+    cdef int native = native_store(<floating>0)
+    cdef bint widen = P.o.store != native or B.dout.store != native
     cdef const floating *orow
     cdef const floating *grow
     cdef int64_t r, c, grp, pos
@@ -246,9 +286,12 @@ cdef void bwd_row_stats(const BwdPlan *B, BwdWorkspace *ws, int64_t b, floating 
     for r in range(P.nrows):
         grp = r // P.Lq
         pos = r - grp * P.Lq
-        orow = obase + grp * P.o.sg + pos * P.o.sr
-        grow = gbase + grp * B.dout.sg + pos * B.dout.sr
-        if P.o.sc == 1 and B.dout.sc == 1:
+        orow = <const floating *>(obase + (grp * P.o.sg + pos * P.o.sr) * P.o.item)
+        grow = <const floating *>(gbase + (grp * B.dout.sg + pos * B.dout.sr) * B.dout.item)
+        if widen:
+            d = dot(bwd_widen_row(&B.dout, <const char *>grow, <floating *>ws.dor, P.Dv),
+                    bwd_widen_row(&P.o, <const char *>orow, <floating *>ws.dv, P.Dv), P.Dv)
+        elif P.o.sc == 1 and B.dout.sc == 1:
             d = dot(grow, orow, P.Dv)
         else:
             d = 0
@@ -275,14 +318,14 @@ cdef int bwd_pack_keys(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t kb
     """Key and value panels and the scaled key rows of keys kb..kb+n-1; returns
     1 when those rows hold inf or NaN."""
     cdef const Plan *P = &B.P
-    cdef const floating *kbase = (<const floating *>P.k.base) + batch_offset(P, &P.k, b)
-    cdef const floating *vbase = (<const floating *>P.v.base) + batch_offset(P, &P.v, b)
+    cdef const char *kbase = stored_at(&P.k, batch_offset(P, &P.k, b))
+    cdef const char *vbase = stored_at(&P.v, batch_offset(P, &P.v, b))
     cdef int64_t j
-    pack_k_tile(P, kt, <const char *>kbase, kb, n)
-    pack_k_tile(&B.Pv, <floating *>ws.vt, <const char *>vbase, kb, n)
+    pack_k_tile(P, kt, kbase, kb, n)
+    pack_k_tile(&B.Pv, <floating *>ws.vt, vbase, kb, n)
     for j in range(n):
         ws.off[j] = (kb + j) * P.k.sr
-    return bwd_pack_rows(kbase, ws.off, P.k.sc, n, P.Dk, <floating>P.scale, <floating *>ws.ks, B.dkp, n)
+    return bwd_pack_stored(&P.k, kbase, ws.off, n, P.Dk, <floating>P.scale, <floating *>ws.ks, B.dkp, n)
 
 
 cdef void bwd_scores(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t r0, int64_t nr,
@@ -479,14 +522,14 @@ cdef void bwd_tile(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t r, int
         return
     rw = tile_span(nr, FA_VBYTES // sizeof(floating))
     cw = tile_span(n, FA_VBYTES // sizeof(floating))
-    qnf = bwd_pack_rows((<const floating *>P.q.base) + batch_offset(P, &P.q, b), ws.rows.qoff, P.q.sc, nr,
-                        P.Dk, <floating>P.scale, <floating *>ws.qs, B.dkp, rw)
+    qnf = bwd_pack_stored(&P.q, stored_at(&P.q, batch_offset(P, &P.q, b)), ws.rows.qoff, nr,
+                          P.Dk, <floating>P.scale, <floating *>ws.qs, B.dkp, rw)
     for i in range(nr):
         grp = ws.rows.goff[i]
         pos = r0 + i - grp * P.Lq
         ws.off[i] = grp * B.dout.sg + pos * B.dout.sr
-    dnf = bwd_pack_rows((<const floating *>B.dout.base) + batch_offset(P, &B.dout, b), ws.off, B.dout.sc, nr,
-                        P.Dv, 1, <floating *>ws.dor, B.dvp, rw)
+    dnf = bwd_pack_stored(&B.dout, stored_at(&B.dout, batch_offset(P, &B.dout, b)), ws.off, nr,
+                          P.Dv, 1, <floating *>ws.dor, B.dvp, rw)
     bwd_scores(B, ws, b, r0, nr, kb, n, rw, cw, s)
     bwd_tile_grads(s, dp, <floating *>ws.f, B.ts, (<floating *>ws.lse) + r0, (<floating *>ws.dd) + r0, rw, cw,
                    dp, <floating *>ws.db, <floating *>ws.pt, <floating *>ws.dst, B.tq)
@@ -520,12 +563,22 @@ cdef void bwd_key_block(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t k
         if ws.qhi[r] > kb and ws.qlo[r] < kb + n:
             bwd_tile(B, ws, b, r, kb, n, knf, dqacc)
     for j in range(n):
-        dst = (<floating *>B.dk.base) + batch_offset(P, &B.dk, b) + (kb + j) * B.dk.sr
-        for c in range(P.Dk):
-            dst[c * B.dk.sc] = dk[j * B.dkp + c]
-        dst = (<floating *>B.dv.base) + batch_offset(P, &B.dv, b) + (kb + j) * B.dv.sr
-        for c in range(P.Dv):
-            dst[c * B.dv.sc] = dv[j * B.dvp + c]
+        if B.dk.store == native_store(<floating>0):
+            dst = (<floating *>B.dk.base) + batch_offset(P, &B.dk, b) + (kb + j) * B.dk.sr
+            for c in range(P.Dk):
+                dst[c * B.dk.sc] = dk[j * B.dkp + c]
+        else:       # float16 / bfloat16 dk (contiguous rows: the entry allocates it)
+            stored_scale_row_out(B.dk.store, dk + j * B.dkp,
+                                 <char *>stored_at(&B.dk, batch_offset(P, &B.dk, b) + (kb + j) * B.dk.sr),
+                                 P.Dk, 1)
+        if B.dv.store == native_store(<floating>0):
+            dst = (<floating *>B.dv.base) + batch_offset(P, &B.dv, b) + (kb + j) * B.dv.sr
+            for c in range(P.Dv):
+                dst[c * B.dv.sc] = dv[j * B.dvp + c]
+        else:
+            stored_scale_row_out(B.dv.store, dv + j * B.dvp,
+                                 <char *>stored_at(&B.dv, batch_offset(P, &B.dv, b) + (kb + j) * B.dv.sr),
+                                 P.Dv, 1)
 
 
 cdef void bwd_store_dq_rows(const BwdPlan *B, int64_t b, int64_t r0, int64_t r1, const floating *src,
@@ -536,13 +589,26 @@ cdef void bwd_store_dq_rows(const BwdPlan *B, int64_t b, int64_t r0, int64_t r1,
     cdef floating *dbase = (<floating *>B.dq.base) + batch_offset(P, &B.dq, b)
     cdef floating *dst
     cdef const floating *row
-    cdef int64_t r, c, gi, grp, pos
+    cdef int64_t r, c, gi, grp, pos, m
     cdef floating acc
+    cdef floating tmp[BWD_NARROW]
     for r in range(r0, r1):
         grp = r // P.Lq
         pos = r - grp * P.Lq
-        dst = dbase + grp * B.dq.sg + pos * B.dq.sr
         row = src + r * B.dkp
+        if floating is float:
+            if B.dq.store != STORE_F32:
+                # float16 / bfloat16 dq (contiguous: the entry allocates it): summed in
+                # float32 BWD_NARROW columns at a time, rounded once
+                c = 0
+                while c < P.Dk:
+                    m = min(<int64_t>BWD_NARROW, P.Dk - c)
+                    fa_bwd_sum_rows_f(row + c, stride_g, G, m, tmp)
+                    stored_scale_row_out(B.dq.store, tmp, <char *>stored_at(&B.dq, batch_offset(P, &B.dq, b)
+                                         + grp * B.dq.sg + pos * B.dq.sr + c), m, 1)
+                    c += m
+                continue
+        dst = dbase + grp * B.dq.sg + pos * B.dq.sr
         if B.dq.sc == 1:
             if floating is float:
                 fa_bwd_sum_rows_f(row, stride_g, G, P.Dk, dst)
@@ -659,12 +725,14 @@ cdef int backward_execute(BwdPlan *B, cnp.ndarray dout, cnp.ndarray q, cnp.ndarr
     """Gradients of attention on prepared arrays (the argument path of
     attention_backward, backward_entry.pxi, has checked them): B.P's batch
     layout, shapes and scalar options are set (P.softcap 0: B.softcap holds the
-    softcap, applied here); dout and out (..., Hq, Lq, Dv), q, k, v, lse of the
-    compute type; dq, dk, dv writeable arrays of q's / k's / v's shape in the
-    broadcast batch shape (no dim broadcast), every element written; dbias (None:
+    softcap, applied here); dout and out (..., Hq, Lq, Dv), q, k, v of the
+    compute type or, for a float32 compute type, float16 / bfloat16 (read in
+    place, widened as the tiles are packed), lse of the compute type; dq, dk, dv writeable arrays of q's / k's / v's shape in the
+    broadcast batch shape (no dim broadcast), every element written, of the
+    compute type or (float32 compute) contiguous float16 / bfloat16; dbias (None:
     not wanted) zeros of bias's shape (>= 2 dims), accumulated into."""
-    cdef int d, typenum = cnp.PyArray_TYPE(q)
-    cdef size_t item = cnp.PyArray_ITEMSIZE(q)
+    cdef int d, typenum = cnp.PyArray_TYPE(lse)         # the compute type (q, k, v, dO, O and the
+    cdef size_t item = cnp.PyArray_ITEMSIZE(lse)        # gradients may be float16 / bfloat16)
     cdef int64_t W = FA_VBYTES // item
     cdef int64_t hq, b
     cdef int nthreads = 1
@@ -714,7 +782,7 @@ cdef int backward_execute(BwdPlan *B, cnp.ndarray dout, cnp.ndarray q, cnp.ndarr
     B.G = bwd_key_groups(B, item)
     B.partial = NULL
     if B.G > 1:
-        partial = np.empty(B.P.nbatch * B.G * B.P.nrows * B.dkp, dtype=q.dtype)
+        partial = np.empty(B.P.nbatch * B.G * B.P.nrows * B.dkp, dtype=lse.dtype)
         B.partial = <char *>cnp.PyArray_DATA(partial)
     if plan_work(&B.P) > PARALLEL_MIN_WORK:
         nthreads = _thread_resolver(num_threads)

@@ -7,7 +7,7 @@
 
 cdef object forward_result(x, str name, int nd, const cnp.npy_intp *shape, int typenum, int ctype):
     """grad_out / out / lse: exactly the shape and dtype attention() returns for
-    these inputs; in the compute type."""
+    these inputs; as the kernels read it (float16 / bfloat16 in place)."""
     cdef cnp.ndarray a = as_input(x, name)
     cdef int d
     cdef bint same = a.ndim == nd
@@ -20,7 +20,7 @@ cdef object forward_result(x, str name, int nd, const cnp.npy_intp *shape, int t
     if cnp.PyArray_TYPE(a) != typenum:
         raise TypeError(f"{name} has dtype {a.dtype}, expected {dtype_of(typenum)} (what attention() returns "
                         f"for these q, k, v)")
-    return to_compute(a, ctype)
+    return stored_operand(a, ctype, False)
 
 
 cdef object sum_to_shape(cnp.ndarray x, tuple shape):
@@ -44,12 +44,28 @@ cdef object finish_gradient(cnp.ndarray grad, cnp.ndarray like, int otype):
     return grad if grad.dtype == dt else grad.astype(dt)
 
 
+cdef object gradient_buffer(cnp.ndarray like, int nd, const cnp.npy_intp *shape, int ctype, bint empty):
+    """The array a gradient is computed into: of the compute type, or of its float16 /
+    bfloat16 input's dtype (float32 compute) when it has that input's shape (nothing
+    to sum over broadcast dims): the kernels round into it, no float32 gradient
+    and cast.  Zeros when empty (no kernel runs)."""
+    cdef int d, st = store_of(like)
+    shp = tuple(shape[d] for d in range(nd))
+    if ctype == cnp.NPY_FLOAT and (st == STORE_F16 or st == STORE_BF16) and (<object>like).shape == shp:
+        dt = like.dtype.newbyteorder("=")
+    else:
+        dt = dtype_of(ctype)
+    return np.zeros(shp, dtype=dt) if empty else np.empty(shp, dtype=dt)
+
+
 cdef object sinks_gradient(dout, outc, lsec, cnp.ndarray snk, tuple batch):
     """d sink per (batch element, query head): -sum over rows of exp(sink - lse) *
     rowsum(grad_out * out), in float64 (lse includes the sink: the probability the
     sink took; a row whose lse is -inf contributes 0).  The kernels' dq, dk, dv
     need nothing else: the probabilities recomputed from that lse carry the sink."""
     s = snk.reshape(batch)[..., None]
+    if dout.dtype.kind != "f" or outc.dtype.kind != "f":     # bfloat16 (ml_dtypes): einsum widens float types only
+        dout, outc = dout.astype(np.float32), outc.astype(np.float32)
     with np.errstate(all="ignore"):
         d = np.einsum("...d,...d->...", dout, outc, dtype=np.float64)
         p_sink = np.where(lsec == -np.inf, 0.0, np.exp(s - lsec))
@@ -121,17 +137,18 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
     kvdims[nbq] = B.P.Lk
     kvdims[nbq + 1] = B.P.Dk
     empty = B.P.Lq == 0 or any(B.P.bshape[d] == 0 for d in range(nbq))
-    dq = cnp.PyArray_ZEROS(nbq + 2, dims, ctype, 0) if empty else cnp.PyArray_EMPTY(nbq + 2, dims, ctype, 0)
-    dk = cnp.PyArray_ZEROS(nbq + 2, kvdims, ctype, 0) if empty else cnp.PyArray_EMPTY(nbq + 2, kvdims, ctype, 0)
+    dq = gradient_buffer(q0, nbq + 2, dims, ctype, empty)
+    dk = gradient_buffer(k0, nbq + 2, kvdims, ctype, empty)
     kvdims[nbq + 1] = B.P.Dv
-    dv = cnp.PyArray_ZEROS(nbq + 2, kvdims, ctype, 0) if empty else cnp.PyArray_EMPTY(nbq + 2, kvdims, ctype, 0)
+    dv = gradient_buffer(v0, nbq + 2, kvdims, ctype, empty)
     if return_dbias:
         dbias = np.zeros((<object>ba).shape, dtype=dtype_of(ctype))
     if not empty:
-        # the backward reads the compute type (half-precision inputs: a float32 copy)
-        qa = to_compute(qa, ctype)
-        ka = to_compute(ka, ctype)
-        va = to_compute(va, ctype)
+        # float16 / bfloat16 q, k, v (and grad_out, out) are read in place; other
+        # types are converted to the compute type (int8 / float8 k and v: a copy)
+        qa = stored_operand(qa, ctype, False)
+        ka = stored_operand(ka, ctype, False)
+        va = stored_operand(va, ctype, False)
         backward_execute(&B, dout, qa, ka, va, outc, lsec, dq, dk, dv, dbias, ma, ba, kvt, kst, slt, num_threads)
     res = (finish_gradient(dq, q0, otype), finish_gradient(dk, k0, otype), finish_gradient(dv, v0, otype))
     if return_dbias:
