@@ -1,8 +1,8 @@
 """The KV-cache formats and attention sinks of issue 34 in the timing harness
 (``fastattn/_bench.py``, ``bench/compare.py --group kv``).
 
-Loaded by path from ``_bench.py`` (like it, it must work outside the package
-and import fastattn only in the fastattn runner).  A case's ``kv_dtype`` may be
+Loaded by path from ``_bench_cases.py`` (like ``_bench.py``, it must work outside the
+package and import fastattn only in the fastattn runner).  A case's ``kv_dtype`` may be
 
 * ``"float8_e4m3fn"`` / ``"float8_e5m2"``: k and v cast to ml_dtypes' float8
   (no scale), read in place by fastattn; torch gets the same bits as

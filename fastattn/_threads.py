@@ -67,7 +67,7 @@ import os
 import sys
 import threading
 from time import monotonic as _monotonic
-from typing import Iterator, Optional
+from typing import Iterator, NamedTuple, Optional
 
 __all__ = [
     "set_num_threads", "get_num_threads", "threads", "resolve_num_threads",
@@ -105,16 +105,54 @@ def _check_num_threads(num_threads: object, name: str = "num_threads") -> int:
 
 # --------------------------------------------------------------------------- CPU counting
 
+class _OmpNumThreads(NamedTuple):
+    """What an OMP_NUM_THREADS value means (:func:`_parse_omp_num_threads`)."""
+    first: Optional[int]          # the thread count it asks for, or None
+    valid: bool                   # may stay in the environment
+    error: Optional[ValueError]   # int() refused an entry made of digits (then valid is False)
+
+
+def _parse_omp_num_threads(raw: Optional[str]) -> _OmpNumThreads:
+    """The one reading of an OMP_NUM_THREADS value (``raw`` None: unset).
+
+    * ``first``: the first entry ("8", or "8,2" for nested regions) as an int >= 1;
+      None when the value is unset or blank, or its first entry is not an integer
+      by ``int()``'s rules (blanks around it allowed) or is < 1.  Entries after the
+      first do not change it: "4,x" gives 4.
+    * ``valid``: the value is unset, blank, or a comma-separated list of positive
+      integers, each written in digits (blanks around it allowed) -- what
+      :func:`_drop_invalid_omp_num_threads` keeps.  The entries are checked in
+      order up to the first bad one.
+    * ``error``: the ValueError of ``int()`` on an entry that ``str.isdigit``
+      accepts but ``int()`` does not (a superscript digit such as "²", or more
+      digits than ``sys.get_int_max_str_digits()``), met before any bad entry;
+      ``valid`` is then False.
+    """
+    text = (raw or "").strip()
+    if not text:
+        return _OmpNumThreads(None, True, None)
+    entries = text.split(",")
+    try:
+        first: Optional[int] = int(entries[0].strip())
+    except ValueError:
+        first = None
+    if first is not None and first < 1:
+        first = None
+    for e in entries:
+        if not e.strip().isdigit():
+            return _OmpNumThreads(first, False, None)
+        try:
+            n = int(e)
+        except ValueError as exc:
+            return _OmpNumThreads(first, False, exc)
+        if n < 1:
+            return _OmpNumThreads(first, False, None)
+    return _OmpNumThreads(first, True, None)
+
+
 def _omp_num_threads_env() -> Optional[int]:
     """First entry of OMP_NUM_THREADS ("8" or "8,2" for nested), if valid."""
-    raw = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if not raw:
-        return None
-    try:
-        n = int(raw.split(",")[0].strip())
-    except ValueError:
-        return None
-    return n if n >= 1 else None
+    return _parse_omp_num_threads(os.environ.get("OMP_NUM_THREADS")).first
 
 
 def _drop_invalid_omp_num_threads() -> None:
@@ -127,10 +165,13 @@ def _drop_invalid_omp_num_threads() -> None:
     follows the usable CPUs), so the process behaves the same on every build.
     Called once by ``import fastattn``, before the kernels are loaded."""
     raw = os.environ.get("OMP_NUM_THREADS")
-    if raw is None or not raw.strip():
-        return
-    entries = raw.strip().split(",")
-    if all(e.strip().isdigit() and int(e) >= 1 for e in entries):
+    parsed = _parse_omp_num_threads(raw)
+    if parsed.error is not None:
+        # int() refused an entry of digits (OMP_NUM_THREADS="²", or over 4300 digits):
+        # its ValueError propagates out of `import fastattn` instead of the warning,
+        # as it always has -- left as it was
+        raise parsed.error
+    if parsed.valid:
         return
     import warnings
     warnings.warn(f"OMP_NUM_THREADS={raw!r} is not a list of positive integers: fastattn ignores it and "

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -163,6 +164,69 @@ def test_omp_num_threads_honoured_in_subprocess():
     """
     for bad in ("lots", "0", "-2", "4,x"):
         assert _run_py(check, {"OMP_NUM_THREADS": bad}) == f"{default} False", bad
+
+
+# OMP_NUM_THREADS values and what they mean by the documented rule (docs/guide.rst
+# "Threads", fastattn/_threads.py's docstring): a comma-separated list of positive
+# integers (blanks around an entry allowed) asks for its first entry and stays in the
+# environment; an unset or blank value asks for nothing; any other value is ignored
+# (_omp_num_threads_env() gives None) and removed by `import fastattn` with a
+# RuntimeWarning.  (value, _omp_num_threads_env(), removed at import)
+_BIG = "9" * 5000          # more digits than int() converts (sys.get_int_max_str_digits())
+_OMP_VALUES = [
+    (None, None, False), ("", None, False), ("  ", None, False), ("\t\n", None, False),
+    ("2", 2, False), (" 2 ", 2, False), ("\t2\n", 2, False), ("007", 7, False),
+    ("2,1", 2, False), ("4,2,1", 4, False), (" 4 , 2 ", 4, False),
+    ("99999999999999999999", 99999999999999999999, False),   # capped by the usable CPUs
+    ("0", None, True), ("00", None, True), ("-1", None, True), ("lots", None, True),
+    ("1.5", None, True), ("2.0", None, True), ("0x10", None, True), ("1e3", None, True),
+    ("3 4", None, True), ("2;1", None, True), (",2", None, True), ("x,2", None, True),
+    ("0,2", None, True), ("x,\u00b2", None, True), ("0," + _BIG, None, True),
+    ("2,", None, True), ("2,,1", None, True), ("2,x", None, True), ("2,0", None, True),
+    ("2,-1", None, True), ("+3", None, True), ("+3,1", None, True), ("1_000", None, True),
+    ("\u0663", None, True), ("\uff12", None, True),
+    ("\u00b2", None, True), ("\u00b2,x", None, True), ("2,\u00b2", None, True), (_BIG, None, True),
+]
+# Where the code does otherwise today (left as it is; to be decided separately):
+_OMP_TODAY = {
+    # _omp_num_threads_env() reads the first entry with int() and looks no further
+    # (`import fastattn` removes these values, so only one set after the import reaches it)
+    "2,": (2, True), "2,,1": (2, True), "2,x": (2, True), "2,0": (2, True), "2,-1": (2, True),
+    "+3": (3, True), "+3,1": (3, True), "1_000": (1000, True),
+    # str.isdigit() and int() take any Unicode decimal digit ("\u0663" ARABIC-INDIC THREE,
+    # "\uff12" FULLWIDTH TWO); an OpenMP runtime reads ASCII digits only
+    "\u0663": (3, False), "\uff12": (2, False),
+    # str.isdigit() takes them, int() does not: `import fastattn` raises ValueError
+    "\u00b2": (None, ValueError), "\u00b2,x": (None, ValueError), "2,\u00b2": (2, ValueError),
+    _BIG: (None, ValueError),
+}
+
+
+@pytest.mark.parametrize("raw, first, removed", _OMP_VALUES,
+                         ids=[repr(v) if v is None or len(v) < 12 else f"{v[:4]}...({len(v)})"
+                              for v, _, _ in _OMP_VALUES])
+def test_omp_num_threads_values(raw, first, removed, monkeypatch):
+    first, removed = _OMP_TODAY.get(raw, (first, removed))
+    if raw is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", raw)
+    assert _threads._omp_num_threads_env() == first
+    parsed = _threads._parse_omp_num_threads(raw)
+    assert (parsed.first, parsed.valid) == (first, removed is False)
+    if removed is ValueError:
+        with pytest.raises(ValueError):
+            _threads._drop_invalid_omp_num_threads()
+        assert os.environ["OMP_NUM_THREADS"] == raw
+    elif removed:
+        with pytest.warns(RuntimeWarning, match="is not a list of positive integers"):
+            _threads._drop_invalid_omp_num_threads()
+        assert "OMP_NUM_THREADS" not in os.environ
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _threads._drop_invalid_omp_num_threads()
+        assert os.environ.get("OMP_NUM_THREADS") == raw
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity API")

@@ -32,26 +32,11 @@
 #   A_TESTS / B_TESTS / C_TESTS  override a lane's pytest arguments
 set -euo pipefail
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"   # ROOT, PY, T0, die, fa_workdir
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PYTHON:-python3}"
 A64="${A64:-$ROOT/.a64}"
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/fastattn-a64.XXXXXX")"
-T0=$SECONDS
-
-cleanup() {
-    local rc=$?
-    jobs -p | xargs -r kill 2>/dev/null || true
-    if [[ "${KEEP_WORK:-0}" == 1 || $rc -ne 0 ]]; then
-        echo "work directory kept: $WORK" >&2
-    else
-        rm -rf "$WORK"
-    fi
-    (( rc == 0 )) || echo "aarch64_check.sh: FAILED (exit $rc) after $((SECONDS - T0))s" >&2
-}
-trap cleanup EXIT
+fa_workdir a64      # kept on failure or with KEEP_WORK=1; background jobs killed at exit
 step() { printf '\n==> [%4ss] %s\n' "$((SECONDS - T0))" "$*"; }
-die() { echo "aarch64_check.sh: ERROR: $*" >&2; exit 1; }
 TIMES=()
 # wall times swing with the machine's load; a lane's CPU time (bash's `times`) is about
 # its wall time on an idle core

@@ -19,28 +19,12 @@
 #   NO_ISOLATION=1        build with the current env's setuptools/Cython/numpy (offline)
 #   KEEP_WORK=1           keep the temporary work directory
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"   # ROOT, PY, T0, die, fa_workdir
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PYTHON:-python3}"
 OUT_DIR="${OUT_DIR:-$ROOT/wheelhouse}"
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/fastattn-check.XXXXXX")"
-T0=$SECONDS
-
-cleanup() {
-    local rc=$?
-    if [[ "${KEEP_WORK:-0}" == 1 || $rc -ne 0 ]]; then
-        echo "work directory kept: $WORK" >&2
-    else
-        rm -rf "$WORK"
-    fi
-    if [[ $rc -ne 0 ]]; then
-        echo "check_wheel.sh: FAILED (exit $rc) after $((SECONDS - T0))s" >&2
-    fi
-}
-trap cleanup EXIT
+fa_workdir check    # kept on failure or with KEEP_WORK=1
 
 step() { printf '\n\033[1m==> [%4ss] %s\033[0m\n' "$((SECONDS - T0))" "$*"; }
-die() { echo "check_wheel.sh: ERROR: $*" >&2; exit 1; }
 
 command -v "$PY" >/dev/null || die "no interpreter '$PY' (set PYTHON=...)"
 "$PY" -c 'import sys; assert sys.version_info >= (3, 10), sys.version' \

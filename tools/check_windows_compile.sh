@@ -38,21 +38,12 @@
 #   WIN_LINK=0                    skip step 4 (the link)
 #   KEEP_WORK=1                   keep the temporary directory
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"   # ROOT, PY, T0, die, fa_workdir
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PYTHON:-python3}"
 JOBS="${JOBS:-2}"
 OPT="${WIN_OPT:--O3}"
 COMPILERS="${WIN_COMPILERS:-mingw clang clang-cl}"
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/fastattn-wincheck.XXXXXX")"
-T0=$SECONDS
-cleanup() {
-    local rc=$?
-    if [[ "${KEEP_WORK:-0}" == 1 || $rc -ne 0 ]]; then echo "work directory kept: $WORK" >&2
-    else rm -rf "$WORK"; fi
-    [[ $rc -eq 0 ]] || echo "check_windows_compile.sh: FAILED (exit $rc) after $((SECONDS - T0))s" >&2
-}
-trap cleanup EXIT
+fa_workdir wincheck     # kept on failure or with KEEP_WORK=1
 
 # the toolchains (Debian packages), installed when missing and running as root
 missing=()

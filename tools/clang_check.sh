@@ -22,19 +22,10 @@
 #   KEEP_WORK=1                   keep the temporary directory
 # Installs clang and libomp-dev with apt-get when they are missing (as root).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"   # ROOT, PY, T0, die, fa_workdir
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PYTHON:-python3}"
 CLANG="${CLANG:-clang}"
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/fastattn-clang.XXXXXX")"
-T0=$SECONDS
-cleanup() {
-    local rc=$?
-    if [[ "${KEEP_WORK:-0}" == 1 || $rc -ne 0 ]]; then echo "work directory kept: $WORK" >&2
-    else rm -rf "$WORK"; fi
-    [[ $rc -eq 0 ]] || echo "clang_check.sh: FAILED (exit $rc) after $((SECONDS - T0))s" >&2
-}
-trap cleanup EXIT
+fa_workdir clang    # kept on failure or with KEEP_WORK=1
 
 omp_ok() {   # clang compiles and links an OpenMP program
     printf '#include <omp.h>\nint main(void){return omp_get_max_threads() < 1;}\n' >"$WORK/omp.c"

@@ -11,15 +11,12 @@
 #   SANITIZE_KEEP=1  keep the scratch directory (printed at the end)
 #   PYTHON           interpreter (default: python3)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"   # ROOT, PY, T0, die, fa_workdir
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PYTHON:-python3}
 CC_=${CC:-gcc}
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/fastattn-sanitize.XXXXXX")
+fa_workdir sanitize SANITIZE_KEEP     # removed at exit unless SANITIZE_KEEP=1 (set below on a failure)
 LOGDIR="$WORK/logs"
 mkdir -p "$WORK/src" "$LOGDIR"
-cleanup() { if [ "${SANITIZE_KEEP:-0}" = 1 ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi; }
-trap cleanup EXIT
 
 echo "== copying the source tree (tracked + untracked, not ignored) to $WORK/src"
 (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
@@ -96,6 +93,7 @@ INLINE=$(cat "$LOGDIR"/*.out | grep -c "runtime error:\|ERROR: AddressSanitizer"
 echo "== summary: ${#REPORTS[@]} sanitizer report file(s), $OURS mentioning fastattn," \
      "$INLINE report line(s) in test output; failed steps:${FAILED:- none}"
 if [ "$OURS" -ne 0 ] || [ -n "$FAILED" ]; then
+    # shellcheck disable=SC2034  # read at exit by fa_workdir's trap
     SANITIZE_KEEP=1
     echo "sanitize: FAILED (logs in $LOGDIR)"
     exit 1

@@ -11,13 +11,11 @@
 # listed but do not fail the run).  Runs every kernel variant valgrind can execute
 # (valgrind has no AVX-512, so the CPU it emulates never offers the avx512 kernels).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"   # ROOT, PY, T0, die, fa_workdir
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PYTHON:-python3}
 PY=$("$PY" -c 'import sys; print(sys.executable)')   # the real binary, not a pyenv/venv shim script
 command -v valgrind >/dev/null || { echo "valgrind_smoke: valgrind not installed"; exit 1; }
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/fastattn-valgrind.XXXXXX")
-trap 'if [ "${VALGRIND_KEEP:-0}" = 1 ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi' EXIT
+fa_workdir valgrind VALGRIND_KEEP     # removed at exit unless VALGRIND_KEEP=1 (set below on a failure)
 
 if [ "${VALGRIND_USE_CHECKOUT:-0}" = 1 ]; then
     SRC=$ROOT
@@ -68,6 +66,7 @@ for isa in $VARIANTS; do
     if [ "$OURS" -ne 0 ]; then
         head -80 "$WORK/ours-$isa.txt"
         STATUS=1
+        # shellcheck disable=SC2034  # read at exit by fa_workdir's trap
         VALGRIND_KEEP=1
     fi
     TOTAL_OURS=$((TOTAL_OURS + OURS))
