@@ -109,45 +109,32 @@ class _OmpNumThreads(NamedTuple):
     """What an OMP_NUM_THREADS value means (:func:`_parse_omp_num_threads`)."""
     first: Optional[int]          # the thread count it asks for, or None
     valid: bool                   # may stay in the environment
-    error: Optional[ValueError]   # int() refused an entry made of digits (then valid is False)
 
 
 def _parse_omp_num_threads(raw: Optional[str]) -> _OmpNumThreads:
-    """The one reading of an OMP_NUM_THREADS value (``raw`` None: unset).
-
-    * ``first``: the first entry ("8", or "8,2" for nested regions) as an int >= 1;
-      None when the value is unset or blank, or its first entry is not an integer
-      by ``int()``'s rules (blanks around it allowed) or is < 1.  Entries after the
-      first do not change it: "4,x" gives 4.
-    * ``valid``: the value is unset, blank, or a comma-separated list of positive
-      integers, each written in digits (blanks around it allowed) -- what
-      :func:`_drop_invalid_omp_num_threads` keeps.  The entries are checked in
-      order up to the first bad one.
-    * ``error``: the ValueError of ``int()`` on an entry that ``str.isdigit``
-      accepts but ``int()`` does not (a superscript digit such as "²", or more
-      digits than ``sys.get_int_max_str_digits()``), met before any bad entry;
-      ``valid`` is then False.
+    """The one reading of an OMP_NUM_THREADS value (``raw`` None: unset), the rule of
+    docs/guide.rst "Threads": a comma-separated list of positive integers written in
+    ASCII digits (blanks around an entry allowed) is valid and asks for its first
+    entry; an unset or blank value is valid and asks for nothing; anything else is
+    invalid and asks for nothing -- "+3", "1_000", "2,x", non-ASCII digits ("²",
+    "٣"), or a number too long for ``int()`` -- and never raises.
     """
     text = (raw or "").strip()
     if not text:
-        return _OmpNumThreads(None, True, None)
-    entries = text.split(",")
-    try:
-        first: Optional[int] = int(entries[0].strip())
-    except ValueError:
-        first = None
-    if first is not None and first < 1:
-        first = None
-    for e in entries:
-        if not e.strip().isdigit():
-            return _OmpNumThreads(first, False, None)
+        return _OmpNumThreads(None, True)
+    values = []
+    for e in text.split(","):
+        e = e.strip()
+        if not (e.isascii() and e.isdigit()):
+            return _OmpNumThreads(None, False)
         try:
             n = int(e)
-        except ValueError as exc:
-            return _OmpNumThreads(first, False, exc)
+        except ValueError:          # more digits than sys.get_int_max_str_digits()
+            return _OmpNumThreads(None, False)
         if n < 1:
-            return _OmpNumThreads(first, False, None)
-    return _OmpNumThreads(first, True, None)
+            return _OmpNumThreads(None, False)
+        values.append(n)
+    return _OmpNumThreads(values[0], True)
 
 
 def _omp_num_threads_env() -> Optional[int]:
@@ -165,16 +152,11 @@ def _drop_invalid_omp_num_threads() -> None:
     follows the usable CPUs), so the process behaves the same on every build.
     Called once by ``import fastattn``, before the kernels are loaded."""
     raw = os.environ.get("OMP_NUM_THREADS")
-    parsed = _parse_omp_num_threads(raw)
-    if parsed.error is not None:
-        # int() refused an entry of digits (OMP_NUM_THREADS="²", or over 4300 digits):
-        # its ValueError propagates out of `import fastattn` instead of the warning,
-        # as it always has -- left as it was
-        raise parsed.error
-    if parsed.valid:
+    if _parse_omp_num_threads(raw).valid:
         return
     import warnings
-    warnings.warn(f"OMP_NUM_THREADS={raw!r} is not a list of positive integers: fastattn ignores it and "
+    shown = repr(raw) if len(raw) <= 40 else f"{raw[:20]!r}... ({len(raw)} characters)"
+    warnings.warn(f"OMP_NUM_THREADS={shown} is not a list of positive integers: fastattn ignores it and "
                   "removes it from this process's environment (LLVM's OpenMP runtime would abort on it)",
                   RuntimeWarning, stacklevel=3)
     del os.environ["OMP_NUM_THREADS"]
