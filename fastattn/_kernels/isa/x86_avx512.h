@@ -101,15 +101,37 @@ static inline void fa_store_f16(uint16_t *p, fa_v_f x)
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)x, _MM_FROUND_TO_NEAREST_INT));
 }
 
+/* bfloat16 -> float32: each element the high half of a 32-bit lane, zeros below.
+ * One VPERMW with a zeroing mask (word 2i + 1 of the result = word i of the
+ * load, the even words zero) instead of VPMOVZXWD + VPSLLD: one instruction
+ * less per 16 elements, the same bits.  A grouped-query decode over a bfloat16
+ * cache (four query rows per key/value head) is bound by these instructions
+ * and the FMAs, not by memory: 0.90x the time in a loop of its Q.K^T in cache
+ * (Intel Xeon 6).  The avx512_bf16 variant (chosen automatically on AMD Zen 4 /
+ * 5, where VPERMW on 512-bit vectors was not measured) keeps the shift. */
+#if defined(__AVX512BF16__)
+static inline __m512i fa_widen_bf16_(__m256i x)
+{
+    return _mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16);
+}
+#else
+static inline __m512i fa_widen_bf16_(__m256i x)
+{
+    const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
+                                         7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    return _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, _mm512_castsi256_si512(x));
+}
+#endif
+
 static inline fa_v_f fa_load_bf16(const uint16_t *p)
 {
-    return (fa_v_f)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    return (fa_v_f)_mm512_castsi512_ps(fa_widen_bf16_(_mm256_loadu_si256((const __m256i *)p)));
 }
 
 static inline fa_v_f fa_load_part_bf16(const uint16_t *p, int64_t n, float fill)
 {
     const __mmask16 k = (__mmask16)((1u << n) - 1);
-    const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p)), 16));
+    const __m512 x = _mm512_castsi512_ps(fa_widen_bf16_(_mm256_maskz_loadu_epi16(k, p)));
     return (fa_v_f)_mm512_mask_blend_ps(k, _mm512_set1_ps(fill), x);
 }
 
