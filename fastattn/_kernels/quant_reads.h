@@ -151,6 +151,21 @@ FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64
                     }
                 }
         }
+    for (; d < D && R == 1; d += FA_W) {
+        /* one row: key by key, each key vector used as soon as it is widened (an
+         * array of W widened vectors beside the W accumulators spilled to the
+         * stack: 1.2x slower) */
+        const int64_t g = d / G;
+        const FA_V qv = FA_SFX(fa_load)(qp + d);
+        FA_UNROLL for (int u = 0; u < U; u++)
+            if (u < nk) {
+                const uint8_t *xr = x + u * xsr;
+                FA_V c = bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2);
+                if (!one)
+                    c = (c - FA_SFX(fa_set1)(zero[u * zsr + g * zsc])) * FA_SFX(fa_set1)(scale[u * ssr + g * ssc]);
+                r[u] += qv * c;
+            }
+    }
     for (; d < D; d += FA_W) {
         const int64_t g = d / G;
         FA_V c[FA_W];
@@ -245,12 +260,16 @@ static void FA_SFX(fa_qk_rows_qz)(const float *qp, int64_t ldq, int64_t nr, int6
 /* O += P . V over keys [k0, k1) of quantized values read in place: R rows (p
  * rows ldp apart, o rows ldo apart) and NB output vectors from column d held in
  * registers while the keys stream by once: per key and vector, (codes - zero)
- * widened in registers and added with weight p * scale. */
+ * widened in registers and added with weight p * scale.  VPG (a constant): the
+ * vectors of one group, at least 1 (a group of G elements is G / W vectors;
+ * NB or more: the whole block in one group) -- each group's zero point and the
+ * rows' weights p * scale are broadcast once per key and group, not once per
+ * vector (the same values, so the same bits). */
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
                       int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t k0, int64_t k1,
                       float *o, int64_t ldo, int64_t d, const int R, const int NB, const int bits, int64_t pf,
-                      int64_t rb)
+                      int64_t rb, const int VPG)
 {
     FA_V acc[4][8];
     int64_t so[8], zo[8];
@@ -274,10 +293,15 @@ FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr
             c[0] = bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2);
         else
             FA_UNROLL for (int b = 0; b < NB; b += 2) FA_SFX(fa_codes2)(xr, d + b * FA_W, bits, c + b);
+        FA_V zv = FA_SFX(fa_set1)(0), wv[4];
         FA_UNROLL for (int b = 0; b < NB; b++) {
-            const FA_V cz = c[b] - FA_SFX(fa_set1)(zr[zo[b]]);
-            const float sj = sr[so[b]];
-            FA_UNROLL for (int r = 0; r < R; r++) acc[r][b] += cz * FA_SFX(fa_set1)(pj[r] * sj);
+            if (b % VPG == 0) {
+                zv = FA_SFX(fa_set1)(zr[zo[b]]);
+                const float sj = sr[so[b]];
+                FA_UNROLL for (int r = 0; r < R; r++) wv[r] = FA_SFX(fa_set1)(pj[r] * sj);
+            }
+            const FA_V cz = c[b] - zv;
+            FA_UNROLL for (int r = 0; r < R; r++) acc[r][b] += cz * wv[r];
         }
     }
     FA_UNROLL for (int b = 0; b < NB; b++)
@@ -286,7 +310,8 @@ FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr
 
 /* R rows over every column: blocks of NB vectors (a last one of fewer), the
  * first block's pass requesting the rows ahead (the later blocks find them in
- * cache). */
+ * cache); a block's vectors per group (G a multiple of W: quant_reads' readers)
+ * a constant of each instantiation. */
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_pv_rows_qz_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
                         int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t k0, int64_t k1,
@@ -295,12 +320,20 @@ FA_SFX(fa_pv_rows_qz_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t x
     const int NB = R == 1 ? 8 : R == 2 || FA_VBYTES >= 64 ? 4 : 2;   /* R x NB accumulators: 8 or 16 */
     const int64_t rb = D * bits / 8, pfr = fa_pf_rows_bytes(rb);
     int64_t d = 0;
-    for (; d + NB * FA_W <= D; d += NB * FA_W)
-        FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, R, NB, bits,
-                              d == 0 ? pfr : 0, rb);
+#define FA_PV_QZ_BLOCKS(VPG)                                                                               \
+    for (; d + NB * FA_W <= D; d += NB * FA_W)                                                            \
+        FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, R, NB, bits, \
+                              d == 0 ? pfr : 0, rb, VPG)
+    if (G % (NB * FA_W) == 0)
+        FA_PV_QZ_BLOCKS(NB);
+    else if (NB >= 4 && G % (2 * FA_W) == 0)
+        FA_PV_QZ_BLOCKS(2);
+    else
+        FA_PV_QZ_BLOCKS(1);
+#undef FA_PV_QZ_BLOCKS
     for (; d < D; d += FA_W)
         FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, R, 1, bits,
-                              d == 0 ? pfr : 0, rb);
+                              d == 0 ? pfr : 0, rb, 1);
 }
 
 static inline __attribute__((always_inline)) void
