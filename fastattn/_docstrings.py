@@ -261,8 +261,10 @@ ndarray
     layout (as a NumPy ufunc: a Fortran-ordered input gives a
     Fortran-ordered result).  Its dtype: float32 and float64 compute and
     return natively; float16 and bfloat16 (``ml_dtypes.bfloat16``) are
-    computed in float32 and returned in their own dtype; integers and bools
-    compute and return in float64.
+    computed in float32 and returned in their own dtype (read and written in
+    place, each result rounded once, when the slices along ``axis`` are
+    contiguous; other layouts of them go through a float32 copy); integers
+    and bools compute and return in float64.
 
 Raises
 ------

@@ -232,6 +232,96 @@ def test_lists_accepted():
     assert_close(got, scipy_special.softmax([1.0, 2.0, 3.0]), np.float64)
 
 
+# ------------------------------------------------------------------ float16 / bfloat16 in place
+def _half(name):
+    if name == "float16":
+        return np.dtype(np.float16)
+    return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+
+
+def _half_views(x):
+    """Views of a half-precision array whose rows along some axis are contiguous
+    (read in place) or not (converted first): C order, Fortran order, transposed,
+    reversed, sliced."""
+    return {"C": x, "F": np.asfortranarray(x), "T": x.transpose(1, 0, 2), "reversed": x[::-1, :, ::-1],
+            "sliced": x[:, 1:-1, ::2]}
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", list(FUNCS))
+def test_half_in_place(half, name, rng):
+    """float16 / bfloat16 x: computed in float32 and rounded once into x's dtype
+    -- bit for bit what the float32 softmax of the widened x gives, cast -- on
+    every axis and layout (rows read in place where they are contiguous, the
+    others through a float32 copy), with -inf, inf and NaN rows; within the
+    dtype's rounding of the float64 reference; x untouched."""
+    dt = _half(half)
+    fast, ref = FUNCS[name]
+    x0 = (rng.standard_normal((6, 33, 70)) * 3).astype(dt)
+    x0[1, 2, :] = -np.inf
+    x0[2, 3, 5] = np.inf
+    x0[3, 4, 6] = np.nan
+    x0[4, :, 7] = -np.inf
+    eps = 2.0 ** -7 if half == "bfloat16" else 2.0 ** -10      # at most one unit in the last place
+    tiny = 1e-38 if half == "bfloat16" else 2.0 ** -25         # half of float16's subnormal step
+    xmax = float(np.abs(x0.astype(np.float64)[np.isfinite(x0.astype(np.float64))]).max())
+    for lay, x in _half_views(x0).items():
+        snaps = snapshot(x)
+        for axis in (-1, 0, 1, None):
+            got = fast(x, axis=axis)
+            assert got.dtype == dt and got.shape == x.shape
+            same = fast(x.astype(np.float32), axis=axis).astype(dt)
+            assert np.array_equal(got.view(np.uint16), same.view(np.uint16)), f"{name} {lay} axis={axis}"
+            want = ref(x.astype(np.float64), axis=axis)
+            g = got.astype(np.float64)
+            fin = np.isfinite(want)
+            assert np.array_equal(np.isnan(g), np.isnan(want)), f"{name} {lay} axis={axis}: NaN"
+            assert np.array_equal(g[~fin & ~np.isnan(want)], want[~fin & ~np.isnan(want)])
+            # (log_softmax: x - max - log(sum) in float32 also errs by float32's
+            # rounding of |x| where the result is near 0)
+            absolute = tiny + (2.0 ** -20 * xmax if name == "log_softmax" else 0)
+            assert np.all(np.abs(g[fin] - want[fin]) <= eps * np.abs(want[fin]) + absolute), \
+                f"{name} {lay} axis={axis}"
+        assert_unchanged((x,), snaps)
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_half_out_and_threads(half, rng):
+    """out= of x's dtype (contiguous or strided) is written in place; any thread
+    count gives the same bits."""
+    dt = _half(half)
+    x = (rng.standard_normal((300, 257)) * 2).astype(dt)
+    want = fastattn.softmax(x.astype(np.float32)).astype(dt)
+    out = np.empty_like(x)
+    assert fastattn.softmax(x, out=out) is out and np.array_equal(out, want)
+    big = np.zeros((300, 514), dtype=dt)
+    strided = big[:, ::2]
+    assert fastattn.softmax(x, out=strided) is strided and np.array_equal(strided, want)
+    assert not big[:, 1::2].any()
+    flat = np.empty_like(x)
+    assert fastattn.softmax(x, axis=None, out=flat) is flat
+    assert np.array_equal(flat, fastattn.softmax(x.astype(np.float32), axis=None).astype(dt))
+    for t in (1, 2, 3):
+        assert np.array_equal(fastattn.softmax(x, num_threads=t), want)
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_half_rows_never_copied(half, rng):
+    """A softmax over 8 MiB of float16 / bfloat16 rows allocates its result and
+    nothing else of that size (a float32 copy of x and a float32 result would be
+    4x x.nbytes); tracemalloc sees NumPy's allocations."""
+    import tracemalloc
+    x = rng.standard_normal((2048, 2048)).astype(_half(half))
+    fastattn.softmax(x)
+    tracemalloc.start()
+    try:
+        fastattn.log_softmax(x)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.25 * x.nbytes, f"{peak / x.nbytes:.2f} x x.nbytes allocated"
+
+
 # ------------------------------------------------------------------ layouts
 @pytest.mark.parametrize("layout", LAYOUTS + ["memmap"])
 @pytest.mark.parametrize("dtype", FLOATS)

@@ -26,22 +26,43 @@ cdef void softmax_row(const floating *x, floating *y, int64_t n, int log_mode) n
 
 cdef void softmax_rows(const Plan *P, int64_t r0, int64_t r1, int64_t n, int log_mode,
                        floating *buf) noexcept nogil:
-    """Rows r0..r1-1 of softmax_run; buf (2 rows) when a row is not contiguous."""
+    """Rows r0..r1-1 of softmax_run; buf (2 rows) when a row is not contiguous or
+    not of the compute type (float16 / bfloat16 input or output: read and written
+    in place, each row widened into buf and its result rounded once)."""
     cdef int64_t r, j
     cdef const floating *x
     cdef floating *y
+    cdef const char *xs
+    cdef char *ys
+    cdef int native = native_store(<floating>0)
     for r in range(r0, r1):
-        x = (<const floating *>P.q.base) + batch_offset(P, &P.q, r)
-        y = (<floating *>P.o.base) + batch_offset(P, &P.o, r)
         if buf == NULL:
+            x = (<const floating *>P.q.base) + batch_offset(P, &P.q, r)
+            y = (<floating *>P.o.base) + batch_offset(P, &P.o, r)
             softmax_row(x, y, n, log_mode)
-        else:
-            # gather, softmax_row (input and result must not alias), scatter
+            continue
+        # gather (widen), softmax_row (input and result must not alias), scatter (narrow)
+        xs = stored_at(&P.q, batch_offset(P, &P.q, r))
+        ys = <char *>stored_at(&P.o, batch_offset(P, &P.o, r))
+        if P.q.store == native:
+            x = <const floating *>xs
             for j in range(n):
                 buf[j] = x[j * P.q.sc]
-            softmax_row(buf, buf + n, n, log_mode)
+        elif P.q.sc == 1:
+            stored_scale_row(P.q.store, xs, buf, n, <floating>1)
+        else:
+            for j in range(n):
+                buf[j] = <floating>stored_value(P.q.store, xs, j * P.q.sc)
+        softmax_row(buf, buf + n, n, log_mode)
+        if P.o.store == native:
+            y = <floating *>ys
             for j in range(n):
                 y[j * P.o.sc] = buf[n + j]
+        elif P.o.sc == 1:
+            stored_scale_row_out(P.o.store, buf + n, ys, n, <floating>1)
+        else:
+            for j in range(n):
+                stored_set(P.o.store, ys, j * P.o.sc, buf[n + j])
 
 
 cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthreads) except -1:
@@ -50,7 +71,8 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
     cdef int64_t rows_per_unit = 1 + 16384 // (n if n > 0 else 1)
     cdef int64_t units = (P.nbatch + rows_per_unit - 1) // rows_per_unit
     cdef int64_t u
-    cdef int contiguous = P.q.sc == 1 and P.o.sc == 1
+    cdef int native = native_store(<floating>0)
+    cdef int contiguous = P.q.sc == 1 and P.o.sc == 1 and P.q.store == native and P.o.store == native
     cdef int use_threads = nthreads > 1 and P.nbatch * n > SOFTMAX_PARALLEL_MIN
     cdef floating *buf = NULL
     cdef int failed = 0
@@ -191,8 +213,9 @@ cdef int softmax_cols_forward(cnp.ndarray x, cnp.ndarray out, int log_mode, int 
 
 
 cdef int softmax_forward(cnp.ndarray x, cnp.ndarray out, int log_mode, int nthreads) except -1:
-    """Softmax along the LAST axis of x into out (same shape, compute type, any
-    item-multiple strides)."""
+    """Softmax along the LAST axis of x into out (same shape, any item-multiple
+    strides): both of the compute type, or (float32 compute) either float16 /
+    bfloat16, read or written in place."""
     cdef Plan P
     cdef int d
     cdef int64_t n = x.shape[x.ndim - 1]
@@ -211,7 +234,7 @@ cdef int softmax_forward(cnp.ndarray x, cnp.ndarray out, int log_mode, int nthre
     P.o.sc = P.o.sr
     if P.nbatch == 0:
         return 0
-    if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT:
+    if cnp.PyArray_TYPE(x) != cnp.NPY_DOUBLE:
         softmax_run(&P, <float>0, n, log_mode, nthreads)
     else:
         softmax_run(&P, <double>0, n, log_mode, nthreads)
@@ -243,6 +266,50 @@ cdef int softmax_along(cnp.ndarray xc, cnp.ndarray res, int axis, int log_mode, 
     return softmax_forward(np.moveaxis(xc, axis, -1), np.moveaxis(res, axis, -1), log_mode, nthreads)
 
 
+cdef bint half_in_place(cnp.ndarray xa, axis, int ctype, int otype):
+    """A float16 / bfloat16 x whose softmax rows are contiguous (axis None on a
+    C-contiguous x, or an int axis of element stride 1) is read in place and its
+    result written in its own dtype (softmax_half); other layouts of it are
+    converted to float32 first (the column kernel, or rows gathered)."""
+    cdef int st = store_of(xa)
+    if not (otype != ctype and ctype == cnp.NPY_FLOAT and (st == STORE_F16 or st == STORE_BF16)
+            and behaved_array(xa) and xa.size > 0):
+        return False
+    if axis is None:
+        return cnp.PyArray_IS_C_CONTIGUOUS(xa)
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral) \
+            or not -xa.ndim <= axis < xa.ndim:
+        return False        # (the usual path checks it and says what is wrong)
+    return xa.strides[operator.index(axis) % xa.ndim] == xa.itemsize
+
+
+cdef object softmax_half(cnp.ndarray xa, axis, out, int otype, int log_mode, int nthreads):
+    """softmax_call of a float16 / bfloat16 x accepted by half_in_place: rows
+    widened a row at a time, results rounded once into out (or a new array of
+    x's dtype and memory layout)."""
+    cdef int ax
+    dt = xa.dtype
+    if axis is None:
+        xv = xa.reshape(1, -1)
+        if out is not None and behaved_array(<cnp.ndarray>out) and (<cnp.ndarray>out).flags.c_contiguous:
+            softmax_forward(xv, (<cnp.ndarray>out).reshape(1, -1), log_mode, nthreads)
+            return out
+        res = np.empty(xv.shape, dtype=dt)
+        softmax_forward(xv, res, log_mode, nthreads)
+        res = res.reshape((<object>xa).shape)
+    else:
+        ax = operator.index(axis) % xa.ndim
+        if out is not None and behaved_array(<cnp.ndarray>out):
+            softmax_forward(np.moveaxis(xa, ax, -1), np.moveaxis(out, ax, -1), log_mode, nthreads)
+            return out
+        res = np.empty_like(xa, dtype=dt)
+        softmax_forward(np.moveaxis(xa, ax, -1), np.moveaxis(res, ax, -1), log_mode, nthreads)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
 cdef object softmax_call(x, axis, out, num_threads, int log_mode, str fname):
     """softmax / log_softmax of x along axis (an int, or None for the whole array).
     The result takes the input's memory layout (as NumPy ufuncs do), so a slice
@@ -265,6 +332,8 @@ cdef object softmax_call(x, axis, out, num_threads, int log_mode, str fname):
     if cnp.PyArray_SIZE(xa) > SOFTMAX_PARALLEL_MIN:
         # small inputs run on the calling thread: no thread count asked for
         nthreads = _thread_resolver(num_threads)
+    if half_in_place(xa, axis, ctype, otype):
+        return softmax_half(xa, axis, out, otype, log_mode, nthreads)
     xc = to_compute(xa, ctype)
     if axis is None:
         flat = np.ascontiguousarray(xc).reshape(1, -1) if xc.ndim != 1 else xc.reshape(1, -1)
