@@ -514,7 +514,8 @@ def print_report(results, ceil, rows, out=None):
             p(f"| {r['id']} | " + " | ".join(cells) + " |")
     p("\nFLOPs = 2·(Dk+Dv)·H·(visible query-key pairs): half for causal, the window band for "
       "window, valid keys for kv_lengths; a random mask counts every pair. GB/s: K+V read once "
-      "(decode cases), read+write (softmax). % FMA peak: of the compiled FMA loop of the case's "
+      "(decode cases), read+write (softmax; fastattn and ONNX Runtime write the softmax into one "
+      "preallocated output, the others allocate theirs). % FMA peak: of the compiled FMA loop of the case's "
       "compute type; % read ceiling: of the compiled read loop over the same bytes. max err: largest "
       "|fastattn − float64| on a slice. paired: median over repeats of torch / fastattn of the two "
       "processes of one repeat.")

@@ -125,6 +125,9 @@ STORAGE_CASES = [
        twin="prefill"),
     _A("causal-bf16", 1, 8, 1024, 1024, 64, causal=True, extra=True, kv_dtype="bfloat16",
        q_dtype="bfloat16", twin="causal"),
+    _S("softmax-f16", 4096, 4096, dtype="float16", extra=True, twin="softmax",
+       note="float16 in, float16 out (fastattn reads and writes it in place); torch: torch.softmax of the "
+            "float16 tensor; scipy: scipy.special.softmax of the float16 array"),
 ]
 
 # float8 (e4m3fn, e5m2) and QuantizedKV (u8, u4) caches and attention sinks, side
