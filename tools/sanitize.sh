@@ -20,7 +20,7 @@ mkdir -p "$WORK/src" "$LOGDIR"
 
 echo "== copying the source tree (tracked + untracked, not ignored) to $WORK/src"
 (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
-    | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done \
+    | while IFS= read -r -d '' f; do if [ -e "$f" ]; then printf '%s\0' "$f"; fi; done \
     | tar --null -T - -cf -) | tar -xf - -C "$WORK/src"
 
 echo "== building with FASTATTN_SANITIZE=1"

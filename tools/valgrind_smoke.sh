@@ -24,7 +24,7 @@ else
     mkdir -p "$SRC"
     echo "== copying the source tree to $SRC and building with -g"
     (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
-        | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done \
+        | while IFS= read -r -d '' f; do if [ -e "$f" ]; then printf '%s\0' "$f"; fi; done \
         | tar --null -T - -cf -) | tar -xf - -C "$SRC"
     (cd "$SRC" && CFLAGS="-g" "$PY" setup.py -q build_ext --inplace -j 2 >"$WORK/build.log" 2>&1) \
         || { tail -40 "$WORK/build.log"; echo "valgrind_smoke: BUILD FAILED"; exit 1; }
