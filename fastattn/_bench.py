@@ -34,19 +34,14 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                 "BLIS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
-def _load_sibling(name, filename):
-    # by path, like this file itself: importing the package would load the kernels
-    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                     filename))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 # The cases: fastattn/_bench_cases.py, and through it fastattn/_bench_kv.py (float8
 # and QuantizedKV caches, attention sinks: issue 34).  Their names stay importable
-# from here (bench/compare.py, bench/peers.py, fastattn bench, the tests).
-_C = _load_sibling("fastattn_bench_cases", "_bench_cases.py")
+# from here (bench/compare.py, bench/peers.py, fastattn bench, the tests).  Loaded by
+# path, like this file itself: importing the package would load the kernels.
+_spec = importlib.util.spec_from_file_location(
+    "fastattn_bench_cases", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bench_cases.py"))
+_C = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_C)
 _KV = _C._KV
 attention_case, softmax_case = _C.attention_case, _C.softmax_case
 varlen_case, paged_case = _C.varlen_case, _C.paged_case
