@@ -232,19 +232,6 @@ cdef inline int64_t key_group(int64_t c, int64_t G) noexcept nogil:
     return m if m < G else 2 * G - 1 - m
 
 
-cdef inline const floating *bwd_widen_row(const Operand *op, const char *src, floating *dst,
-                                          int64_t n) noexcept nogil:
-    """n elements of a stored row (float16 / bfloat16, or the compute type) widened
-    into dst, contiguous; returns dst."""
-    cdef int64_t c
-    if op.sc == 1:
-        stored_scale_row(op.store, src, dst, n, <floating>1)
-    else:
-        for c in range(n):
-            dst[c] = <floating>stored_value(op.store, src, c * op.sc)
-    return dst
-
-
 cdef int bwd_pack_stored(const Operand *op, const char *base, const int64_t *off, int64_t n, int64_t D,
                          floating scale, floating *dst, int64_t ldd, int64_t npad) noexcept nogil:
     """bwd_pack_rows of rows base + off[i] (elements) of a stored operand: the
@@ -259,7 +246,7 @@ cdef int bwd_pack_stored(const Operand *op, const char *base, const int64_t *off
         return bwd_pack_rows(<const floating *>base, off, op.sc, n, D, scale, dst, ldd, npad)
     for i in range(n):
         row = dst + i * ldd
-        bwd_widen_row(op, base + off[i] * op.item, row, D)
+        widen_row(op, base + off[i] * op.item, row, D)
         nonfinite |= bwd_pack_rows(<const floating *>row, &zero, 1, 1, D, scale, row, ldd, 1)
     if npad > n:
         bwd_pack_rows(<const floating *>dst, &zero, 1, 0, D, scale, dst + n * ldd, ldd, npad - n)
@@ -289,8 +276,8 @@ cdef void bwd_row_stats(const BwdPlan *B, BwdWorkspace *ws, int64_t b, floating 
         orow = <const floating *>(obase + (grp * P.o.sg + pos * P.o.sr) * P.o.item)
         grow = <const floating *>(gbase + (grp * B.dout.sg + pos * B.dout.sr) * B.dout.item)
         if widen:
-            d = dot(bwd_widen_row(&B.dout, <const char *>grow, <floating *>ws.dor, P.Dv),
-                    bwd_widen_row(&P.o, <const char *>orow, <floating *>ws.dv, P.Dv), P.Dv)
+            d = dot(widen_row(&B.dout, <const char *>grow, <floating *>ws.dor, P.Dv),
+                    widen_row(&P.o, <const char *>orow, <floating *>ws.dv, P.Dv), P.Dv)
         elif P.o.sc == 1 and B.dout.sc == 1:
             d = dot(grow, orow, P.Dv)
         else:
@@ -538,6 +525,20 @@ cdef void bwd_tile(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t r, int
         bwd_dbias_add(B, ws, b, r0, nr, kb, <floating *>ws.db if B.softcap > 0 else dp)
 
 
+cdef inline void bwd_store_row(const Operand *op, int64_t off, const floating *src, int64_t n) noexcept nogil:
+    """A gradient row (n elements of src) into element off of dk / dv: the compute
+    type at any column stride, or float16 / bfloat16 (contiguous rows: the entry
+    allocates those) rounded once."""
+    cdef floating *dst
+    cdef int64_t c
+    if op.store == native_store(<floating>0):
+        dst = (<floating *>op.base) + off
+        for c in range(n):
+            dst[c * op.sc] = src[c]
+    else:
+        stored_scale_row_out(op.store, src, <char *>stored_at(op, off), n, 1)
+
+
 cdef void bwd_key_block(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t kb, int64_t n,
                         floating *dqacc) noexcept nogil:
     """dK and dV of keys kb..kb+n-1 of batch element b over every query block
@@ -546,8 +547,7 @@ cdef void bwd_key_block(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t k
     cdef const Plan *P = &B.P
     cdef floating *dk = <floating *>ws.dk
     cdef floating *dv = <floating *>ws.dv
-    cdef floating *dst
-    cdef int64_t r, j, c, r_first = B.nqb
+    cdef int64_t r, j, r_first = B.nqb
     cdef int knf = 0
     for r in range(B.nqb):
         if ws.qhi[r] > kb and ws.qlo[r] < kb + n:
@@ -563,22 +563,8 @@ cdef void bwd_key_block(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t k
         if ws.qhi[r] > kb and ws.qlo[r] < kb + n:
             bwd_tile(B, ws, b, r, kb, n, knf, dqacc)
     for j in range(n):
-        if B.dk.store == native_store(<floating>0):
-            dst = (<floating *>B.dk.base) + batch_offset(P, &B.dk, b) + (kb + j) * B.dk.sr
-            for c in range(P.Dk):
-                dst[c * B.dk.sc] = dk[j * B.dkp + c]
-        else:       # float16 / bfloat16 dk (contiguous rows: the entry allocates it)
-            stored_scale_row_out(B.dk.store, dk + j * B.dkp,
-                                 <char *>stored_at(&B.dk, batch_offset(P, &B.dk, b) + (kb + j) * B.dk.sr),
-                                 P.Dk, 1)
-        if B.dv.store == native_store(<floating>0):
-            dst = (<floating *>B.dv.base) + batch_offset(P, &B.dv, b) + (kb + j) * B.dv.sr
-            for c in range(P.Dv):
-                dst[c * B.dv.sc] = dv[j * B.dvp + c]
-        else:
-            stored_scale_row_out(B.dv.store, dv + j * B.dvp,
-                                 <char *>stored_at(&B.dv, batch_offset(P, &B.dv, b) + (kb + j) * B.dv.sr),
-                                 P.Dv, 1)
+        bwd_store_row(&B.dk, batch_offset(P, &B.dk, b) + (kb + j) * B.dk.sr, dk + j * B.dkp, P.Dk)
+        bwd_store_row(&B.dv, batch_offset(P, &B.dv, b) + (kb + j) * B.dv.sr, dv + j * B.dvp, P.Dv)
 
 
 cdef void bwd_store_dq_rows(const BwdPlan *B, int64_t b, int64_t r0, int64_t r1, const floating *src,
@@ -727,8 +713,8 @@ cdef int backward_execute(BwdPlan *B, cnp.ndarray dout, cnp.ndarray q, cnp.ndarr
     layout, shapes and scalar options are set (P.softcap 0: B.softcap holds the
     softcap, applied here); dout and out (..., Hq, Lq, Dv), q, k, v of the
     compute type or, for a float32 compute type, float16 / bfloat16 (read in
-    place, widened as the tiles are packed), lse of the compute type; dq, dk, dv writeable arrays of q's / k's / v's shape in the
-    broadcast batch shape (no dim broadcast), every element written, of the
+    place, widened as the tiles are packed), lse of the compute type; dq, dk,
+    dv writeable arrays of q's / k's / v's shape in the broadcast batch shape (no dim broadcast), every element written, of the
     compute type or (float32 compute) contiguous float16 / bfloat16; dbias (None:
     not wanted) zeros of bias's shape (>= 2 dims), accumulated into."""
     cdef int d, typenum = cnp.PyArray_TYPE(lse)         # the compute type (q, k, v, dO, O and the

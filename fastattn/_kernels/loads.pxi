@@ -78,6 +78,23 @@ cdef void pack_k_tile(const Plan *P, floating *kt, const char *kbase, int64_t t0
                 panel[d * NR + j] = 0
 
 
+cdef inline const floating *widen_row(const Operand *op, const char *src, floating *dst,
+                                      int64_t n) noexcept nogil:
+    """n elements of one stored row (elements op.sc apart) into dst, contiguous,
+    in the compute type (float16 / bfloat16 widened exactly, the compute type
+    copied); returns dst."""
+    cdef int64_t c
+    if op.store == native_store(<floating>0):
+        for c in range(n):
+            dst[c] = (<const floating *>src)[c * op.sc]
+    elif op.sc == 1:
+        stored_scale_row(op.store, src, dst, n, <floating>1)
+    else:
+        for c in range(n):
+            dst[c] = <floating>stored_value(op.store, src, c * op.sc)
+    return dst
+
+
 cdef int pack_rows_widened(const Plan *P, const Operand *op, floating *dst, int64_t ld, const char *base, int64_t t0,
                            int64_t n, int64_t D) noexcept nogil:
     """Copy rows t0..t0+n-1 of D elements of a stored operand (k or v) into dst

@@ -44,16 +44,7 @@ cdef void softmax_rows(const Plan *P, int64_t r0, int64_t r1, int64_t n, int log
         # gather (widen), softmax_row (input and result must not alias), scatter (narrow)
         xs = stored_at(&P.q, batch_offset(P, &P.q, r))
         ys = <char *>stored_at(&P.o, batch_offset(P, &P.o, r))
-        if P.q.store == native:
-            x = <const floating *>xs
-            for j in range(n):
-                buf[j] = x[j * P.q.sc]
-        elif P.q.sc == 1:
-            stored_scale_row(P.q.store, xs, buf, n, <floating>1)
-        else:
-            for j in range(n):
-                buf[j] = <floating>stored_value(P.q.store, xs, j * P.q.sc)
-        softmax_row(buf, buf + n, n, log_mode)
+        softmax_row(widen_row(&P.q, xs, buf, n), buf + n, n, log_mode)
         if P.o.store == native:
             y = <floating *>ys
             for j in range(n):
@@ -283,7 +274,7 @@ cdef bint half_in_place(cnp.ndarray xa, axis, int ctype, int otype):
     return xa.strides[operator.index(axis) % xa.ndim] == xa.itemsize
 
 
-cdef object softmax_half(cnp.ndarray xa, axis, out, int otype, int log_mode, int nthreads):
+cdef object softmax_half(cnp.ndarray xa, axis, out, int log_mode, int nthreads):
     """softmax_call of a float16 / bfloat16 x accepted by half_in_place: rows
     widened a row at a time, results rounded once into out (or a new array of
     x's dtype and memory layout)."""
@@ -333,7 +324,7 @@ cdef object softmax_call(x, axis, out, num_threads, int log_mode, str fname):
         # small inputs run on the calling thread: no thread count asked for
         nthreads = _thread_resolver(num_threads)
     if half_in_place(xa, axis, ctype, otype):
-        return softmax_half(xa, axis, out, otype, log_mode, nthreads)
+        return softmax_half(xa, axis, out, log_mode, nthreads)
     xc = to_compute(xa, ctype)
     if axis is None:
         flat = np.ascontiguousarray(xc).reshape(1, -1) if xc.ndim != 1 else xc.reshape(1, -1)
