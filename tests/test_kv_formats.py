@@ -60,6 +60,40 @@ def test_every_float8_value_widens_exactly(name):
 
 
 @needs_f8
+@pytest.mark.parametrize("name", F8)
+@pytest.mark.parametrize("Hq,Lq", [(2, 1), (8, 1), (2, 4), (8, 3), (2, 40)])
+@pytest.mark.parametrize("D", [16, 40, 128])
+def test_every_float8_code_in_every_kernel_path(name, Hq, Lq, D):
+    """Every finite code (subnormals, zeros of both signs, the largest) at every
+    lane of the keys and values, through the one-row decode, the grouped rows of
+    GQA (4 query heads per key head), the row units and the packed tiles, and
+    whole and partial vectors: the same bits as the same call on float32 copies
+    (the widening is exact, so only the loads differ).  A NaN code makes its
+    key's rows NaN."""
+    dt = np.dtype(getattr(ml_dtypes, name))
+    all_codes = np.arange(256, dtype=np.uint8)
+    finite = all_codes[np.isfinite(all_codes.view(dt).astype(np.float32))]
+    rng = rng_for(name, Hq, Lq, D, "codes")
+    Lk = 2 * 256 // D + 3
+    k = rng.permutation(np.resize(finite, 2 * Lk * D)).reshape(1, 2, Lk, D).view(dt)
+    v = rng.permutation(np.resize(finite, 2 * Lk * D)).reshape(1, 2, Lk, D).view(dt)
+    q = (rng.standard_normal((1, Hq, Lq, D)) / 64).astype(np.float32)
+    kf, vf = k.astype(np.float32), v.astype(np.float32)
+    for kw in ({}, {"causal": "bottom_right"}, {"return_lse": True}):
+        got = fastattn.attention(q, k, v, **kw)
+        want = fastattn.attention(q, kf, vf, **kw)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            np.testing.assert_array_equal(g, w)
+    nan_code = all_codes[np.isnan(all_codes.view(dt).astype(np.float32))]
+    kn, vn = k.copy(), v.copy()
+    kn.view(np.uint8)[0, 0, 1, D - 1] = nan_code[0]
+    vn.view(np.uint8)[0, 1, 2, D // 2] = nan_code[-1]
+    out = fastattn.attention(q, kn, vn)
+    assert np.isnan(out[0, : Hq // 2]).all()          # key 1 of head 0 is NaN: every score row of its group
+    assert np.isnan(out[0, Hq // 2:, :, D // 2]).all() and not np.isnan(out[0, Hq // 2:, :, D // 2 - 1]).any()
+
+
+@needs_f8
 @pytest.mark.parametrize("kname", F8 + ["float16"])
 @pytest.mark.parametrize("vname", F8)
 @pytest.mark.parametrize("Lq", [1, 3, 40])

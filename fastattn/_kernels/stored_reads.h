@@ -95,6 +95,16 @@ static inline FA_T FA_SSFX(fa_dot)(const FA_T *a, const FA_S *b, int64_t n)
     FA_V acc[FA_DOT_ACCS];
     FA_UNROLL for (int u = 0; u < FA_DOT_ACCS; u++) acc[u] = FA_SFX(fa_set1)(0);
     int64_t d = 0;
+#if FA_DOT_ACCS == 2
+    /* two steps of the loop below at a time, so that a target may widen four
+     * stored vectors in one go (float8: 32 bytes, half the instructions); the
+     * accumulators see the same products in the same order */
+    for (; d + 4 * FA_W <= n; d += 4 * FA_W) {
+        FA_V bv[4];
+        FA_SSFX(fa_load4_s)(b + d, bv);
+        FA_UNROLL for (int i = 0; i < 4; i++) acc[i & 1] += FA_SFX(fa_load)(a + d + i * FA_W) * bv[i];
+    }
+#endif
     for (; d + FA_DOT_ACCS * FA_W <= n; d += FA_DOT_ACCS * FA_W) {
 #if FA_DOT_ACCS % 4 == 0
         FA_UNROLL for (int u = 0; u < FA_DOT_ACCS; u += 4) {

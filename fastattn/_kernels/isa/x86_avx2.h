@@ -111,7 +111,28 @@ static inline fa_v_f fa_load_i8(const int8_t *p)
 #define fa_load_part_i8 fa_port_load_part_i8
 
 /* ---- float8 through F16C (see isa/x86_avx512.h): e5m2 shifted into a half;
- * e4m3fn as the half s 0eeee mmm0000000 times 2^8, NaN at magnitude 0x7f ---- */
+ * e4m3fn as the half s 0eeee mmm0000000 times 2^8: the byte moved to the top
+ * of a 16-bit lane and shifted right arithmetically by one (the sign lands in
+ * bits 15 and 14) with bit 14 cleared; magnitude 0x7f (NaN, the byte shifted
+ * left by 9 is 0xfe00) replaced by the half NaN 0x7e00 before the widening, so
+ * it widens to NaN and stays NaN times 2^8.  Sixteen bytes are made halves in
+ * one 256-bit register, then widened in two halves: 7 integer operations per 16
+ * elements instead of 9 per 8 (and no float blend) ---- */
+static inline __m128i fa_f8e4_halves8_(__m128i b)      /* b: 8 bytes zero-extended to 16 bits */
+{
+    const __m128i h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(b, 8), 1), _mm_set1_epi16((short)0xbfff));
+    const __m128i nan = _mm_cmpeq_epi16(_mm_slli_epi16(b, 9), _mm_set1_epi16((short)0xfe00));
+    return _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan);
+}
+
+static inline __m256i fa_f8e4_halves16_(__m256i b)     /* b: 16 bytes zero-extended to 16 bits */
+{
+    const __m256i h = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(b, 8), 1),
+                                       _mm256_set1_epi16((short)0xbfff));
+    const __m256i nan = _mm256_cmpeq_epi16(_mm256_slli_epi16(b, 9), _mm256_set1_epi16((short)0xfe00));
+    return _mm256_blendv_epi8(h, _mm256_set1_epi16(0x7e00), nan);
+}
+
 static inline fa_v_f fa_load_f8e5(const uint8_t *p)
 {
     const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
@@ -120,12 +141,28 @@ static inline fa_v_f fa_load_f8e5(const uint8_t *p)
 
 static inline fa_v_f fa_load_f8e4(const uint8_t *p)
 {
-    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
-    const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_xor_si128(b, mag), 8), _mm_slli_epi16(mag, 7));
-    const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
-    return (fa_v_f)_mm256_blendv_ps(x, _mm256_set1_ps(__builtin_nanf("")), nan);
+    const __m128i h = fa_f8e4_halves8_(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p)));
+    return (fa_v_f)_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+}
+
+/* 32 consecutive float8 elements as four vectors: 16 bytes at a time */
+static inline void fa_load4_f8e5(const uint8_t *p, fa_v_f *v)
+{
+    for (int i = 0; i < 2; i++) {
+        const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 16 * i))), 8);
+        v[2 * i] = (fa_v_f)_mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        v[2 * i + 1] = (fa_v_f)_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    }
+}
+
+static inline void fa_load4_f8e4(const uint8_t *p, fa_v_f *v)
+{
+    const __m256 s = _mm256_set1_ps(256.0f);
+    for (int i = 0; i < 2; i++) {
+        const __m256i h = fa_f8e4_halves16_(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 16 * i))));
+        v[2 * i] = (fa_v_f)_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s);
+        v[2 * i + 1] = (fa_v_f)_mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s);
+    }
 }
 
 static inline float fa_f8e5_to_f32(uint8_t b) { return _cvtsh_ss((unsigned short)(b << 8)); }
@@ -162,7 +199,5 @@ static inline void fa_load2_u4(const uint8_t *p, fa_v_f *v)
 #define fa_load4_f16(p, v) FA_LOAD4_BY_ONE(fa_load_f16, p, v, FA_WF)
 #define fa_load4_bf16(p, v) FA_LOAD4_BY_ONE(fa_load_bf16, p, v, FA_WF)
 #define fa_load4_i8(p, v) FA_LOAD4_BY_ONE(fa_load_i8, p, v, FA_WF)
-#define fa_load4_f8e4(p, v) FA_LOAD4_BY_ONE(fa_load_f8e4, p, v, FA_WF)
-#define fa_load4_f8e5(p, v) FA_LOAD4_BY_ONE(fa_load_f8e5, p, v, FA_WF)
 
 #endif /* FASTATTN_ISA_TARGET_H */
