@@ -14,7 +14,7 @@ data.
 """
 import numpy as np
 
-from . import _dispatch, _docstrings, _lazy
+from . import _dispatch, _docstrings, _lazy, _memory
 from ._threads import _check_num_threads, resolve_num_threads
 from .integrations import any_torch_tensor, torch_attention, torch_softmax
 
@@ -61,6 +61,7 @@ def _foreign_softmax(x, axis, out, num_threads, log_mode):
 
 _K.set_call_hooks(resolve_num_threads, _check_num_threads, _foreign_attention, _foreign_softmax)
 _K.set_varlen_hooks(_refuse_masked)
+_K.set_stream_min_bytes(_memory.stream_min_bytes())
 attention = _K.attention
 attention_backward = _K.attention_backward
 attention_varlen = _K.attention_varlen

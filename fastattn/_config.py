@@ -136,6 +136,10 @@ def get_config() -> Dict[str, Any]:
         cfg["variant"] = f"unknown (fastattn._dispatch not importable: {disp_err})"
         cfg["available_variants"] = None
     cfg["FASTATTN_ISA"] = os.environ.get("FASTATTN_ISA")
+    mem, _ = _try(_import, "fastattn._memory")
+    if mem is not None:
+        cfg["last_level_cache_bytes"], _ = _try(mem.last_level_cache_bytes)
+        cfg["stream_min_bytes"], _ = _try(mem.stream_min_bytes)
 
     # ---- OpenMP runtimes actually loaded (threadpoolctl), after importing the kernels
     tpc, tpc_err = _try(_import, "threadpoolctl")
@@ -214,6 +218,12 @@ def _format(cfg: Dict[str, Any]) -> str:
         add(f"  {name:<20}: {why} (FASTATTN_ISA={name} forces it)")
     add(f"  FASTATTN_ISA        : {cfg['FASTATTN_ISA'] or '(not set)'}")
     add(f"  helper module       : {cfg['cpu_module']}")
+    if "stream_min_bytes" in cfg:
+        llc, smin = cfg.get("last_level_cache_bytes"), cfg.get("stream_min_bytes")
+        rule = (f"softmax out= of {smin >> 10} KiB or more written by streaming stores" if smin
+                else "softmax out= never written by streaming stores")
+        env = " (FASTATTN_STREAM_MIN_BYTES)" if os.environ.get("FASTATTN_STREAM_MIN_BYTES") else ""
+        add(f"  last-level cache    : {f'{llc >> 10} KiB' if llc else 'unknown'}; {rule}{env}")
     add(f"CPU features          : {_fmt_features(cfg['cpu_features'])}")
     add("OpenMP")
     oe = cfg["openmp_enabled"]

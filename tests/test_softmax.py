@@ -408,3 +408,70 @@ def test_vs_torch(rng):
                          if dtype == np.float32 else 1e-12)
             assert_close(fastattn.log_softmax(x, axis=dim), torch.log_softmax(t, dim=dim).numpy(), dtype,
                          tol=2e-6 if dtype == np.float32 else 1e-12)
+
+
+# ------------------------------------------------------------------ streaming stores
+@pytest.fixture
+def stream_all():
+    """Every softmax into out= written by streaming stores (normally only outputs
+    of at least the last-level cache's size are)."""
+    from fastattn import _api
+    prev = _api._K.set_stream_min_bytes(1)
+    yield _api._K
+    _api._K.set_stream_min_bytes(prev)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [1, 5, 8, 17, 31, 64, 4099])
+@pytest.mark.parametrize("offset", [0, 1, 3, 7])
+def test_streaming_stores_same_bits(stream_all, dtype, n, offset, rng):
+    """Rows written by streaming stores (from their first vector-aligned element;
+    the misaligned head and the tail by ordinary stores) hold the same bits as
+    ordinary stores, for rows of any length starting at any element offset,
+    special rows included, softmax and log_softmax, any thread count."""
+    rows = 37
+    x = randn(rng, (rows, n), dtype, scale=4.0)
+    x[3] = -np.inf
+    x[5, n // 2] = np.nan
+    x[7, 0] = np.inf
+    for name, (fast, ref) in FUNCS.items():
+        stream_all.set_stream_min_bytes(0)
+        want = fast(x)
+        stream_all.set_stream_min_bytes(1)
+        for nt in (1, 2, 3):
+            buf = np.full(rows * n + 8, 12345.0, dtype=dtype)
+            out = buf[offset:offset + rows * n].reshape(rows, n)
+            assert fast(x, out=out, num_threads=nt) is out
+            np.testing.assert_array_equal(out, want)
+            assert (buf[:offset] == 12345.0).all() and (buf[offset + rows * n:] == 12345.0).all()
+        assert_close(want[8:], ref(x[8:]), dtype)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_streaming_stores_other_layouts(stream_all, axis, rng):
+    """Fortran-ordered and transposed outputs whose softmax rows are contiguous
+    stream too; strided ones take the ordinary path; all equal the reference."""
+    x = randn(rng, (300, 257), np.float32)
+    for xin, out in ((x, np.empty_like(x)), (np.asfortranarray(x), np.empty_like(x, order="F")),
+                     (x, np.empty((300, 514), np.float32)[:, ::2])):
+        got = fastattn.softmax(xin, axis=axis, out=out)
+        assert got is out
+        assert_close(out, R.softmax(x, axis=axis), np.float32)
+
+
+def test_stream_threshold_from_cache_and_environment(monkeypatch):
+    from fastattn import _memory
+    llc = _memory.last_level_cache_bytes()
+    assert llc is None or (isinstance(llc, int) and llc > 0)
+    monkeypatch.delenv("FASTATTN_STREAM_MIN_BYTES", raising=False)
+    assert _memory.stream_min_bytes() == (llc or 0)
+    monkeypatch.setenv("FASTATTN_STREAM_MIN_BYTES", "0")
+    assert _memory.stream_min_bytes() == 0
+    monkeypatch.setenv("FASTATTN_STREAM_MIN_BYTES", " 4096 ")
+    assert _memory.stream_min_bytes() == 4096
+    for bad in ("-1", "1e6", "lots", "²"):
+        monkeypatch.setenv("FASTATTN_STREAM_MIN_BYTES", bad)
+        with pytest.warns(RuntimeWarning, match="FASTATTN_STREAM_MIN_BYTES"):
+            assert _memory.stream_min_bytes() == (llc or 0)
+    assert _memory._parse_size("32768K") == 32 << 20 and _memory._parse_size("1M") == 1 << 20
+    assert _memory._parse_size("x") is None

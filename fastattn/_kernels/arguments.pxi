@@ -17,6 +17,19 @@ _thread_resolver = None
 _check_num_threads = None
 _foreign_attention = None
 _foreign_softmax = None
+# softmax / log_softmax into a caller's out= of at least this many bytes write it
+# by streaming stores (0: never); set by fastattn._api from the size of the
+# last-level cache (fastattn._memory)
+_stream_min_bytes = 0
+
+
+def set_stream_min_bytes(nbytes):
+    """Outputs (out=) of softmax / log_softmax of at least nbytes are written by
+    streaming stores; 0 turns them off.  Returns the previous value."""
+    global _stream_min_bytes
+    prev = _stream_min_bytes
+    _stream_min_bytes = max(0, int(nbytes))
+    return prev
 
 
 def set_call_hooks(resolver, checker, foreign_attention, foreign_softmax):

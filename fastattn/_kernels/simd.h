@@ -32,6 +32,16 @@
 #else
 #  include "isa/generic.h"
 #endif
+#ifndef FA_HAVE_STREAM
+/* streaming (non-temporal) stores: a whole vector written to an aligned address
+ * past the caches, without the read-for-ownership of its line; fa_stream_fence
+ * after the last of them.  Targets without them (or where they are not worth
+ * it) store normally. */
+#  define FA_HAVE_STREAM 0
+#  define fa_stream_f fa_store_f
+#  define fa_stream_d fa_store_d
+static inline void fa_stream_fence(void) {}
+#endif
 #ifdef FA_VARIANT
 #  define FA_ISA FA_VARIANT
 #else
@@ -114,6 +124,14 @@ static inline void fa_prefetch_bytes(const void *p, int64_t nbytes)
 {
     const char *c = (const char *)p;
     for (int64_t b = 0; b < nbytes; b += 64) __builtin_prefetch(c + b, 0, FA_PF_LOC);
+}
+
+/* the same into L2 only (prefetcht1 on x86): data wanted a little later, which
+ * should not push the current rows out of L1 */
+static inline void fa_prefetch_l2_bytes(const void *p, int64_t nbytes)
+{
+    const char *c = (const char *)p;
+    for (int64_t b = 0; b < nbytes; b += 64) __builtin_prefetch(c + b, 0, 2);
 }
 
 static inline int64_t fa_pf_rows_bytes(int64_t bytes)

@@ -1,8 +1,13 @@
 # softmax and log_softmax: rows (contiguous or strided) and columns (lanes over
 # the contiguous axis of a softmax along a strided axis).
 
-cdef void softmax_row(const floating *x, floating *y, int64_t n, int log_mode) noexcept nogil:
-    """y = softmax(x) (or log_softmax) of one contiguous row; x and y must not alias."""
+cdef void softmax_row(const floating *x, floating *y, int64_t n, int log_mode,
+                      floating *tmp=NULL, const floating *nxt=NULL) noexcept nogil:
+    """y = softmax(x) (or log_softmax) of one contiguous row; x and y must not alias.
+    tmp (n elements, or NULL): the exponentials go there, and y is written once,
+    by streaming stores (softmax_run's stream); the same values either way.
+    nxt: the row to be read next, requested into L2 during the exponentials (so
+    that its read from memory overlaps this row's arithmetic), or NULL."""
     # the max skips NaN: a NaN element still makes the whole row NaN, through
     # exp(NaN - m) in the sum s.  Only a row with no other value than -inf needs
     # the NaN-aware max (all -inf gives zeros, any NaN gives NaN).
@@ -16,19 +21,27 @@ cdef void softmax_row(const floating *x, floating *y, int64_t n, int log_mode) n
         for j in range(n):
             y[j] = -INFINITY if log_mode else 0
         return
-    if log_mode:
-        s = row_exp_sum(x, y, n, m)
+    if tmp != NULL:
+        s = row_exp_sum_next(x, tmp, n, m, nxt)
+        if log_mode:
+            row_shift_stream(x, y, n, -(m + <floating>log(s)))
+        else:
+            row_scale_stream(tmp, y, n, <floating>(1.0 / s))
+    elif log_mode:
+        s = row_exp_sum_next(x, y, n, m, nxt)
         row_shift(x, y, n, -(m + <floating>log(s)))
     else:
-        s = row_exp_sum(x, y, n, m)
+        s = row_exp_sum_next(x, y, n, m, nxt)
         row_scale(y, y, n, <floating>(1.0 / s))
 
 
 cdef void softmax_rows(const Plan *P, int64_t r0, int64_t r1, int64_t n, int log_mode,
-                       floating *buf) noexcept nogil:
+                       floating *buf, int stream=0) noexcept nogil:
     """Rows r0..r1-1 of softmax_run; buf (2 rows) when a row is not contiguous or
     not of the compute type (float16 / bfloat16 input or output: read and written
-    in place, each row widened into buf and its result rounded once)."""
+    in place, each row widened into buf and its result rounded once), or when
+    contiguous rows are written by streaming stores (stream: buf holds a row's
+    exponentials; a store fence after the rows)."""
     cdef int64_t r, j
     cdef const floating *x
     cdef floating *y
@@ -36,10 +49,12 @@ cdef void softmax_rows(const Plan *P, int64_t r0, int64_t r1, int64_t n, int log
     cdef char *ys
     cdef int native = native_store(<floating>0)
     for r in range(r0, r1):
-        if buf == NULL:
+        if buf == NULL or stream:
             x = (<const floating *>P.q.base) + batch_offset(P, &P.q, r)
             y = (<floating *>P.o.base) + batch_offset(P, &P.o, r)
-            softmax_row(x, y, n, log_mode)
+            softmax_row(x, y, n, log_mode, buf if stream else NULL,
+                        x + (batch_offset(P, &P.q, r + 1) - batch_offset(P, &P.q, r)) if r + 1 < P.nbatch
+                        else NULL)
             continue
         # gather (widen), softmax_row (input and result must not alias), scatter (narrow)
         xs = stored_at(&P.q, batch_offset(P, &P.q, r))
@@ -54,16 +69,21 @@ cdef void softmax_rows(const Plan *P, int64_t r0, int64_t r1, int64_t n, int log
         else:
             for j in range(n):
                 stored_set(P.o.store, ys, j * P.o.sc, buf[n + j])
+    if stream:
+        fa_stream_fence()
 
 
-cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthreads) except -1:
+cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthreads,
+                     int stream=0) except -1:
     """Rows of length n: P.q describes the input (sc = element stride along the
-    row), P.o the output; the batch dims enumerate the rows."""
+    row), P.o the output; the batch dims enumerate the rows.  stream: contiguous
+    rows of the compute type are written by streaming stores (softmax_call)."""
     cdef int64_t rows_per_unit = 1 + 16384 // (n if n > 0 else 1)
     cdef int64_t units = (P.nbatch + rows_per_unit - 1) // rows_per_unit
     cdef int64_t u
     cdef int native = native_store(<floating>0)
     cdef int contiguous = P.q.sc == 1 and P.o.sc == 1 and P.q.store == native and P.o.store == native
+    stream = stream and contiguous
     cdef int use_threads = nthreads > 1 and P.nbatch * n > SOFTMAX_PARALLEL_MIN
     cdef floating *buf = NULL
     cdef int failed = 0
@@ -76,34 +96,34 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
     if not use_threads:
         # no OpenMP region at all for small inputs (see attention_run)
         with nogil:
-            if not contiguous:
+            if not contiguous or stream:
                 buf = <floating *>fa_alloc(2 * (n if n > 0 else 1) * sizeof(floating))
                 failed = buf == NULL
             if not failed:
                 for u in range(units):
                     if interruptible and interrupt_check(stop_p, &next_check):
                         break
-                    softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf)
+                    softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf, stream)
             fa_free(buf)
     else:
         with nogil, parallel(num_threads=nthreads):
             buf = NULL
-            if not contiguous:
+            if not contiguous or stream:
                 buf = <floating *>fa_alloc(2 * (n if n > 0 else 1) * sizeof(floating))
                 if buf == NULL:
                     failed_p[0] = 1
             if not interruptible:
                 for u in prange(units, schedule='static'):
-                    if contiguous or buf != NULL:
-                        softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf)
+                    if buf != NULL or (contiguous and not stream):
+                        softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf, stream)
             else:
                 # dynamic: the calling thread keeps taking units (and checking for
                 # Ctrl-C) however unevenly the others progress
                 for u in prange(units, schedule='dynamic'):
-                    if (contiguous or buf != NULL) and not stop_p[0]:
+                    if (buf != NULL or (contiguous and not stream)) and not stop_p[0]:
                         if threadid() == 0 and interrupt_check(stop_p, &next_check):
                             continue
-                        softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf)
+                        softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf, stream)
             fa_free(buf)
     if stop:
         return -1           # interrupted (KeyboardInterrupt set): no result
@@ -203,7 +223,7 @@ cdef int softmax_cols_forward(cnp.ndarray x, cnp.ndarray out, int log_mode, int 
     return 0
 
 
-cdef int softmax_forward(cnp.ndarray x, cnp.ndarray out, int log_mode, int nthreads) except -1:
+cdef int softmax_forward(cnp.ndarray x, cnp.ndarray out, int log_mode, int nthreads, int stream=0) except -1:
     """Softmax along the LAST axis of x into out (same shape, any item-multiple
     strides): both of the compute type, or (float32 compute) either float16 /
     bfloat16, read or written in place."""
@@ -226,13 +246,14 @@ cdef int softmax_forward(cnp.ndarray x, cnp.ndarray out, int log_mode, int nthre
     if P.nbatch == 0:
         return 0
     if cnp.PyArray_TYPE(x) != cnp.NPY_DOUBLE:
-        softmax_run(&P, <float>0, n, log_mode, nthreads)
+        softmax_run(&P, <float>0, n, log_mode, nthreads, stream)
     else:
-        softmax_run(&P, <double>0, n, log_mode, nthreads)
+        softmax_run(&P, <double>0, n, log_mode, nthreads, stream)
     return 0
 
 
-cdef int softmax_along(cnp.ndarray xc, cnp.ndarray res, int axis, int log_mode, int nthreads) except -1:
+cdef int softmax_along(cnp.ndarray xc, cnp.ndarray res, int axis, int log_mode, int nthreads,
+                       int stream=0) except -1:
     """Softmax of xc along axis into res (same shape and compute type), by layout.
 
     When xc and res share one dense layout (C order, Fortran order, or any
@@ -243,13 +264,14 @@ cdef int softmax_along(cnp.ndarray xc, cnp.ndarray res, int axis, int log_mode, 
     row (rows gathered through the strides)."""
     cdef int nd = xc.ndim, p
     if axis == nd - 1 and cnp.PyArray_IS_C_CONTIGUOUS(xc) and cnp.PyArray_IS_C_CONTIGUOUS(res):
-        return softmax_forward(xc, res, log_mode, nthreads)
+        return softmax_forward(xc, res, log_mode, nthreads, stream)
     perm = sorted(range(nd), key=lambda d: (-abs(xc.strides[d]), d))
     xt, rt = xc.transpose(perm), res.transpose(perm)
     if xt.flags.c_contiguous and rt.flags.c_contiguous:
         p = perm.index(axis)
         if p == nd - 1:
-            return softmax_forward(np.moveaxis(xc, axis, -1), np.moveaxis(res, axis, -1), log_mode, nthreads)
+            return softmax_forward(np.moveaxis(xc, axis, -1), np.moveaxis(res, axis, -1), log_mode, nthreads,
+                                   stream)
         inner = math.prod(xt.shape[p + 1:])
         if inner >= SOFTMAX_COL_MIN:
             shape3 = (math.prod(xt.shape[:p]), xt.shape[p], inner)
@@ -340,7 +362,11 @@ cdef object softmax_call(x, axis, out, num_threads, int log_mode, str fname):
                 raise TypeError(f"{fname}: axis must be an int or None, got {axis!r}")
             ax = np.lib.array_utils.normalize_axis_index(operator.index(axis), xc.ndim)
         if out is not None and otype == ctype and behaved_array(<cnp.ndarray>out):
-            softmax_along(xc, <cnp.ndarray>out, ax, log_mode, nthreads)
+            # a caller's output bigger than the last-level cache: its lines are
+            # not in the caches, so stores would first read each one
+            # (read-for-ownership) -- write it past the caches instead
+            softmax_along(xc, <cnp.ndarray>out, ax, log_mode, nthreads,
+                          0 < _stream_min_bytes <= cnp.PyArray_NBYTES(<cnp.ndarray>out))
             return out
         if cnp.PyArray_IS_C_CONTIGUOUS(xc):
             res = cnp.PyArray_EMPTY(xc.ndim, xc.shape, ctype, 0)

@@ -26,6 +26,13 @@ cdef inline floating row_exp_sum(const floating *x, floating *y, int64_t n, floa
     else:
         return fa_row_exp_sum_d(x, y, n, m)
 
+cdef inline floating row_exp_sum_next(const floating *x, floating *y, int64_t n, floating m,
+                                     const floating *nxt) noexcept nogil:
+    if floating is float:
+        return fa_row_exp_sum_next_f(x, y, n, m, nxt)
+    else:
+        return fa_row_exp_sum_next_d(x, y, n, m, nxt)
+
 cdef inline void row_scale(const floating *x, floating *y, int64_t n, floating a) noexcept nogil:
     if floating is float:
         fa_row_scale_f(x, y, n, a)
@@ -37,6 +44,18 @@ cdef inline void row_shift(const floating *x, floating *y, int64_t n, floating a
         fa_row_shift_f(x, y, n, a)
     else:
         fa_row_shift_d(x, y, n, a)
+
+cdef inline void row_scale_stream(const floating *x, floating *y, int64_t n, floating a) noexcept nogil:
+    if floating is float:
+        fa_row_scale_stream_f(x, y, n, a)
+    else:
+        fa_row_scale_stream_d(x, y, n, a)
+
+cdef inline void row_shift_stream(const floating *x, floating *y, int64_t n, floating a) noexcept nogil:
+    if floating is float:
+        fa_row_shift_stream_f(x, y, n, a)
+    else:
+        fa_row_shift_stream_d(x, y, n, a)
 
 cdef inline void prefetch_rows(const floating *p, int64_t nrows, int64_t sr, int64_t n) noexcept nogil:
     if floating is float:

@@ -109,6 +109,26 @@ static inline void FA_SFX(fa_row_shift)(const FA_T *x, FA_T *y, int64_t n, FA_T 
     for (; j < n; j++) y[j] = x[j] + a;
 }
 
+/* fa_row_scale / fa_row_shift with y written by streaming stores from its first
+ * vector-aligned element on (the same values: only the store differs), for a
+ * result that will not be read again while it could stay in the caches; the
+ * caller fences (fa_stream_fence) before the result is read. */
+static inline void FA_SFX(fa_row_scale_stream)(const FA_T *x, FA_T *y, int64_t n, FA_T a)
+{
+    int64_t j = 0;
+    for (; j < n && ((uintptr_t)(y + j) & (FA_VBYTES - 1)); j++) y[j] = x[j] * a;
+    for (; j + FA_W <= n; j += FA_W) FA_SFX(fa_stream)(y + j, FA_SFX(fa_load)(x + j) * a);
+    for (; j < n; j++) y[j] = x[j] * a;
+}
+
+static inline void FA_SFX(fa_row_shift_stream)(const FA_T *x, FA_T *y, int64_t n, FA_T a)
+{
+    int64_t j = 0;
+    for (; j < n && ((uintptr_t)(y + j) & (FA_VBYTES - 1)); j++) y[j] = x[j] + a;
+    for (; j + FA_W <= n; j += FA_W) FA_SFX(fa_stream)(y + j, FA_SFX(fa_load)(x + j) + a);
+    for (; j < n; j++) y[j] = x[j] + a;
+}
+
 /* Prefetch the n elements from p (one hint per cache line).  These loops stream
  * keys and values from memory one row at a time; the hardware prefetcher stops
  * at every 4 KiB page, so a single core only reaches its read bandwidth when the

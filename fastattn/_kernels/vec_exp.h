@@ -115,12 +115,16 @@ static inline __attribute__((always_inline)) FA_V FA_SFX(fa_vexp_pick)(FA_V x, c
 }
 
 static inline __attribute__((always_inline)) FA_T
-FA_SFX(fa_row_exp_sum_pick)(const FA_T *x, FA_T *y, int64_t n, FA_T m, const int p)
+FA_SFX(fa_row_exp_sum_pick)(const FA_T *x, FA_T *y, int64_t n, FA_T m, const int p, const FA_T *next)
 {
     const FA_V vm = FA_SFX(fa_set1)(m);
     FA_V s0 = FA_SFX(fa_set1)(0), s1 = s0;
     int64_t j = 0;
     for (; j + 2 * FA_W <= n; j += 2 * FA_W) {
+        /* next: the row that comes after this one, as many bytes requested into
+         * L2 as this step reads, so that its read from memory overlaps this
+         * row's arithmetic */
+        if (next) fa_prefetch_l2_bytes(next + j, 2 * FA_W * (int64_t)sizeof(FA_T));
         FA_V e0 = FA_SFX(fa_vexp_pick)(FA_SFX(fa_load)(x + j) - vm, p);
         FA_V e1 = FA_SFX(fa_vexp_pick)(FA_SFX(fa_load)(x + j + FA_W) - vm, p);
         FA_SFX(fa_store)(y + j, e0);
@@ -145,13 +149,20 @@ FA_SFX(fa_row_exp_sum_pick)(const FA_T *x, FA_T *y, int64_t n, FA_T m, const int
 /* softmax() and returned weights: exp as fa_vexp_nonpos */
 static inline FA_T FA_SFX(fa_row_exp_sum)(const FA_T *x, FA_T *y, int64_t n, FA_T m)
 {
-    return FA_SFX(fa_row_exp_sum_pick)(x, y, n, m, 0);
+    return FA_SFX(fa_row_exp_sum_pick)(x, y, n, m, 0, NULL);
+}
+
+/* fa_row_exp_sum that also requests the row `next` (n elements; the next row of
+ * a softmax over many rows) into L2 while it computes: the same values */
+static inline FA_T FA_SFX(fa_row_exp_sum_next)(const FA_T *x, FA_T *y, int64_t n, FA_T m, const FA_T *next)
+{
+    return FA_SFX(fa_row_exp_sum_pick)(x, y, n, m, 0, next);
 }
 
 /* the online softmax of attention (probabilities for P.V): exp as fa_vexp_p */
 static inline FA_T FA_SFX(fa_row_exp_sum_p)(const FA_T *x, FA_T *y, int64_t n, FA_T m)
 {
-    return FA_SFX(fa_row_exp_sum_pick)(x, y, n, m, 1);
+    return FA_SFX(fa_row_exp_sum_pick)(x, y, n, m, 1, NULL);
 }
 
 /* x[j] = c * tanh(x[j] / c).  For |u| = |x/c| below a threshold tanh comes from

@@ -223,4 +223,11 @@ static inline void fa_load2_u4(const uint8_t *p, fa_v_f *v)
 #define fa_load4_f8e4(p, v) FA_LOAD4_BY_ONE(fa_load_f8e4, p, v, FA_WF)
 #define fa_load4_f8e5(p, v) FA_LOAD4_BY_ONE(fa_load_f8e5, p, v, FA_WF)
 
+/* streaming stores (MOVNTPS / MOVNTPD) of whole vectors to aligned addresses,
+ * and the store fence after them (simd.h: fa_stream_f) */
+#define FA_HAVE_STREAM 1
+static inline void fa_stream_f(float *p, fa_v_f x) { _mm512_stream_ps(p, (__m512)x); }
+static inline void fa_stream_d(double *p, fa_v_d x) { _mm512_stream_pd(p, (__m512d)x); }
+static inline void fa_stream_fence(void) { _mm_sfence(); }
+
 #endif /* FASTATTN_ISA_TARGET_H */

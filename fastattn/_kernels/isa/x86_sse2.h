@@ -75,4 +75,11 @@ static inline unsigned fa_lane_bits_d(fa_vi_d m) { return (unsigned)_mm_movemask
 #define fa_load_u4 fa_port_load_u4
 #define fa_load2_u4 fa_port_load2_u4
 
+/* streaming stores (MOVNTPS / MOVNTPD) of whole vectors to aligned addresses,
+ * and the store fence after them (simd.h: fa_stream_f) */
+#define FA_HAVE_STREAM 1
+static inline void fa_stream_f(float *p, fa_v_f x) { _mm_stream_ps(p, (__m128)x); }
+static inline void fa_stream_d(double *p, fa_v_d x) { _mm_stream_pd(p, (__m128d)x); }
+static inline void fa_stream_fence(void) { _mm_sfence(); }
+
 #endif /* FASTATTN_ISA_TARGET_H */

@@ -1,0 +1,98 @@
+"""The size of the last-level cache, for the one decision that needs it: whether
+``softmax(..., out=)`` / ``log_softmax(..., out=)`` write their result by
+streaming (non-temporal) stores.
+
+A result that cannot stay in the caches is written to memory anyway; ordinary
+stores first read each of its lines (read-for-ownership), so a softmax into a
+caller's output larger than the last-level cache moves three bytes across the
+memory bus for every two it needs.  Streaming stores skip that read, but they
+also push out of the caches a result that would have stayed there, and a freshly
+allocated result is already in the caches (the kernel zeroes its pages), so they
+are used only for a caller's ``out=`` of at least the last-level cache's size.
+Where the size cannot be read (no ``sysconf`` / sysfs entry, Windows, macOS)
+they are not used.  ``FASTATTN_STREAM_MIN_BYTES`` (bytes; 0 turns streaming
+off) overrides the rule.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+__all__ = ["last_level_cache_bytes", "stream_min_bytes"]
+
+_SYSFS = "/sys/devices/system/cpu/cpu0/cache"
+
+
+def _parse_size(text: str) -> Optional[int]:
+    text = text.strip().upper()
+    mult = 1
+    if text.endswith("K"):
+        mult, text = 1024, text[:-1]
+    elif text.endswith("M"):
+        mult, text = 1024 * 1024, text[:-1]
+    elif text.endswith("G"):
+        mult, text = 1024 ** 3, text[:-1]
+    return int(text) * mult if text.isascii() and text.isdigit() else None
+
+
+def _sysfs_llc() -> Optional[int]:
+    """The largest data or unified cache level of CPU 0 in sysfs (Linux)."""
+    best_level, best = -1, None
+    try:
+        entries = os.listdir(_SYSFS)
+    except OSError:
+        return None
+    for name in entries:
+        if not name.startswith("index"):
+            continue
+        try:
+            with open(os.path.join(_SYSFS, name, "level")) as f:
+                level = int(f.read().strip())
+            with open(os.path.join(_SYSFS, name, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(_SYSFS, name, "size")) as f:
+                size = _parse_size(f.read())
+        except (OSError, ValueError):
+            continue
+        if kind in ("Data", "Unified") and size and level > best_level:
+            best_level, best = level, size
+    return best
+
+
+_llc: Optional[int] = None
+_llc_read = False
+
+
+def last_level_cache_bytes() -> Optional[int]:
+    """The last-level cache of this machine in bytes (as the OS reports it: on a
+    virtual machine, the host's), or None when it cannot be read."""
+    global _llc, _llc_read
+    if not _llc_read:
+        size = None
+        for key in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+            try:
+                v = os.sysconf(key)
+            except (ValueError, OSError, AttributeError):
+                v = 0
+            if v and v > 0:
+                size = int(v)
+                break
+        if size is None:
+            size = _sysfs_llc()
+        _llc, _llc_read = size, True
+    return _llc
+
+
+def stream_min_bytes() -> int:
+    """The smallest out= (bytes) that softmax writes by streaming stores: the
+    last-level cache's size, FASTATTN_STREAM_MIN_BYTES if set (a non-negative
+    integer; 0 = never), 0 when the cache size is unknown."""
+    env = os.environ.get("FASTATTN_STREAM_MIN_BYTES")
+    if env is not None and env.strip():
+        text = env.strip()
+        if text.isascii() and text.isdigit():
+            return int(text)
+        import warnings
+        warnings.warn(f"FASTATTN_STREAM_MIN_BYTES={env!r} is not a non-negative integer; ignored",
+                      RuntimeWarning, stacklevel=2)
+    return last_level_cache_bytes() or 0
