@@ -15,6 +15,7 @@ off) overrides the rule.
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -59,28 +60,18 @@ def _sysfs_llc() -> Optional[int]:
     return best
 
 
-_llc: Optional[int] = None
-_llc_read = False
-
-
+@functools.lru_cache(maxsize=None)
 def last_level_cache_bytes() -> Optional[int]:
     """The last-level cache of this machine in bytes (as the OS reports it: on a
     virtual machine, the host's), or None when it cannot be read."""
-    global _llc, _llc_read
-    if not _llc_read:
-        size = None
-        for key in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
-            try:
-                v = os.sysconf(key)
-            except (ValueError, OSError, AttributeError):
-                v = 0
-            if v and v > 0:
-                size = int(v)
-                break
-        if size is None:
-            size = _sysfs_llc()
-        _llc, _llc_read = size, True
-    return _llc
+    for key in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        try:
+            v = os.sysconf(key)
+        except (ValueError, OSError, AttributeError):
+            v = 0
+        if v and v > 0:
+            return int(v)
+    return _sysfs_llc()
 
 
 def stream_min_bytes() -> int:

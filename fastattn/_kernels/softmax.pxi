@@ -21,18 +21,17 @@ cdef void softmax_row(const floating *x, floating *y, int64_t n, int log_mode,
         for j in range(n):
             y[j] = -INFINITY if log_mode else 0
         return
-    if tmp != NULL:
-        s = row_exp_sum_next(x, tmp, n, m, nxt)
-        if log_mode:
+    cdef floating *e = tmp if tmp != NULL else y       # where the exponentials go
+    s = row_exp_sum_next(x, e, n, m, nxt)
+    if log_mode:
+        if tmp != NULL:
             row_shift_stream(x, y, n, -(m + <floating>log(s)))
         else:
-            row_scale_stream(tmp, y, n, <floating>(1.0 / s))
-    elif log_mode:
-        s = row_exp_sum_next(x, y, n, m, nxt)
-        row_shift(x, y, n, -(m + <floating>log(s)))
+            row_shift(x, y, n, -(m + <floating>log(s)))
+    elif tmp != NULL:
+        row_scale_stream(e, y, n, <floating>(1.0 / s))
     else:
-        s = row_exp_sum_next(x, y, n, m, nxt)
-        row_scale(y, y, n, <floating>(1.0 / s))
+        row_scale(e, y, n, <floating>(1.0 / s))
 
 
 cdef void softmax_rows(const Plan *P, int64_t r0, int64_t r1, int64_t n, int log_mode,
@@ -53,7 +52,7 @@ cdef void softmax_rows(const Plan *P, int64_t r0, int64_t r1, int64_t n, int log
             x = (<const floating *>P.q.base) + batch_offset(P, &P.q, r)
             y = (<floating *>P.o.base) + batch_offset(P, &P.o, r)
             softmax_row(x, y, n, log_mode, buf if stream else NULL,
-                        x + (batch_offset(P, &P.q, r + 1) - batch_offset(P, &P.q, r)) if r + 1 < P.nbatch
+                        (<const floating *>P.q.base) + batch_offset(P, &P.q, r + 1) if r + 1 < P.nbatch
                         else NULL)
             continue
         # gather (widen), softmax_row (input and result must not alias), scatter (narrow)
@@ -84,6 +83,8 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
     cdef int native = native_store(<floating>0)
     cdef int contiguous = P.q.sc == 1 and P.o.sc == 1 and P.q.store == native and P.o.store == native
     stream = stream and contiguous
+    # a per-thread row buffer: gathered / widened rows, or a streamed row's exponentials
+    cdef int need_buf = not contiguous or stream
     cdef int use_threads = nthreads > 1 and P.nbatch * n > SOFTMAX_PARALLEL_MIN
     cdef floating *buf = NULL
     cdef int failed = 0
@@ -96,7 +97,7 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
     if not use_threads:
         # no OpenMP region at all for small inputs (see attention_run)
         with nogil:
-            if not contiguous or stream:
+            if need_buf:
                 buf = <floating *>fa_alloc(2 * (n if n > 0 else 1) * sizeof(floating))
                 failed = buf == NULL
             if not failed:
@@ -108,19 +109,19 @@ cdef int softmax_run(Plan *P, floating dummy, int64_t n, int log_mode, int nthre
     else:
         with nogil, parallel(num_threads=nthreads):
             buf = NULL
-            if not contiguous or stream:
+            if need_buf:
                 buf = <floating *>fa_alloc(2 * (n if n > 0 else 1) * sizeof(floating))
                 if buf == NULL:
                     failed_p[0] = 1
             if not interruptible:
                 for u in prange(units, schedule='static'):
-                    if buf != NULL or (contiguous and not stream):
+                    if buf != NULL or not need_buf:
                         softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf, stream)
             else:
                 # dynamic: the calling thread keeps taking units (and checking for
                 # Ctrl-C) however unevenly the others progress
                 for u in prange(units, schedule='dynamic'):
-                    if (buf != NULL or (contiguous and not stream)) and not stop_p[0]:
+                    if (buf != NULL or not need_buf) and not stop_p[0]:
                         if threadid() == 0 and interrupt_check(stop_p, &next_check):
                             continue
                         softmax_rows(P, u * rows_per_unit, min(P.nbatch, (u + 1) * rows_per_unit), n, log_mode, buf, stream)
