@@ -271,19 +271,23 @@ def test_quantized_cache_is_smaller_and_close_to_float():
         assert rel < tol, (bits, rel)
 
 
-@pytest.mark.parametrize("G", [32, 64])
+@pytest.mark.parametrize("D,G", [(64, 32), (64, 64), (128, 16), (128, 32), (128, 128), (256, 64), (96, 32)])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_rows_of_a_unit_do_not_change_a_row(bits, G):
-    """Decode of a GQA group (4 rows read the codes together) gives each row the
-    bits of that row decoded alone: the scores' lanes are summed in one order
-    (G = D = 64: one group per row, zero point and scale applied per score)."""
-    rng = rng_for(bits, "rows", G)
-    k = quantized(rng, (1, 1, 700, 64), bits, G)
-    v = quantized(rng, (1, 1, 700, 64), bits, G)
-    q = rng.standard_normal((1, 4, 1, 64)).astype(np.float32)
-    together = fastattn.attention(q, k, v)
-    for h in range(4):
-        np.testing.assert_array_equal(fastattn.attention(q[:, h:h + 1], k, v)[:, 0], together[:, h])
+def test_rows_of_a_unit_do_not_change_a_row(bits, G, D):
+    """Decode of a GQA group (4 rows read the codes together, 2 or 3 rows of a
+    group of 3) gives each row the bits of that row decoded alone: the scores'
+    lanes are summed in one order (G = D: one group per row, zero point and scale
+    applied per score; 4 bits: 1, 2 or 4 groups per chunk of nibble lanes, or
+    D = 96, not a whole number of chunks on 256-bit vectors)."""
+    rng = rng_for(bits, "rows", G, D)
+    k = quantized(rng, (1, 1, 700, D), bits, G)
+    v = quantized(rng, (1, 1, 700, D), bits, G)
+    for Hq in (4, 3):
+        q = rng.standard_normal((1, Hq, 1, D)).astype(np.float32)
+        together = fastattn.attention(q, k, v)
+        np.testing.assert_allclose(together, reference.attention(q, k, v), rtol=3e-5, atol=3e-5)
+        for h in range(Hq):
+            np.testing.assert_array_equal(fastattn.attention(q[:, h:h + 1], k, v)[:, 0], together[:, h])
 
 
 def test_torch_query_with_a_quantized_cache():

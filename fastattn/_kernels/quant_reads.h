@@ -242,10 +242,214 @@ FA_SFX(fa_qk_rows_qz_bits)(const float *qp, int64_t ldq, int64_t nr, int64_t D, 
     }
 }
 
+
+/* ---- 4-bit codes in nibble lanes (little-endian targets) ----
+ * 4 W bytes (8 W codes) read as W 32-bit lanes: nibble k of lane l (bits 4k..4k+3)
+ * is element 8 l + k of the chunk (byte 4 l + k / 2, the low nibble for even k).
+ * fa_u4_nib gives those W codes as floats by a shift, a mask and a conversion:
+ * no nibble interleave, no byte-to-lane widening (fa_load_u4's five to six
+ * instructions per W codes become three).  The readers below take the rows in
+ * that order: the few query rows' elements are permuted into the same lanes once
+ * per call, and the P.V accumulators are permuted back once per block of keys.
+ * A chunk lies in NG groups (1: inside one group; 2 or 4: lane l in group
+ * l * NG / W), whose scales and zero points are broadcast into the lanes by
+ * fa_lane_groups.  fa_u4l_groups says which (D, G) this layout serves. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#  define FA_U4L_DMAX 1024      /* the permuted query rows live on the stack */
+
+static inline __attribute__((always_inline)) FA_V FA_SFX(fa_u4_nib)(fa_u32_wf x, const int k)
+{
+    return __builtin_convertvector((fa_vi_f)((x >> (4 * k)) & 15), FA_V);
+}
+
+/* NG (1, 2 or 4) for 4-bit codes of D elements in groups of G, 0 when the layout
+ * does not apply (D not a multiple of 8 W, a chunk not in whole groups, or a
+ * group not in whole lanes) */
+static inline int FA_SFX(fa_u4l_groups)(int64_t D, int64_t G)
+{
+    const int64_t C = 8 * FA_W;
+    if (D % C != 0 || D > FA_U4L_DMAX) return 0;
+    if (G % C == 0) return 1;
+    if (C % G == 0 && G % 8 == 0 && (C / G == 2 || C / G == 4)) return (int)(C / G);
+    return 0;
+}
+
+/* lane l: src[(l * NG / W) * sc]: NG broadcasts and NG - 1 blends by constant masks */
+static inline __attribute__((always_inline)) FA_V FA_SFX(fa_lane_groups)(const float *src, int64_t sc, const int NG)
+{
+    FA_VI lane;
+    FA_UNROLL for (int l = 0; l < FA_W; l++) lane[l] = l;
+    FA_V v = FA_SFX(fa_set1)(src[0]);
+    FA_UNROLL for (int i = 1; i < NG; i++)
+        v = FA_SFX(fa_select)(lane >= (FA_VI){0} + i * FA_W / NG, FA_SFX(fa_set1)(src[i * sc]), v);
+    return v;
+}
+
+/* R rows (1, 2 or 4) against U = W / R keys (nk of them) in one pass.  Q: the rows'
+ * elements in nibble-lane order (row i at Q + i * D: chunk d's vector k at
+ * d + k W, lane l = q[d + 8 l + k]); QS: per chunk, each lane's sum of its 8
+ * elements (row i at QS + i * D / 8).  Per key and chunk: t = sum_k Q_k C_k,
+ * then e += SV (t - ZV QS): the score is the sum over groups of
+ * scale_g (q_g . codes_g - zero_g sum(q_g)); one group per row (one): e += Q_k C_k
+ * and the zero point and scale applied per score, as in fa_qk_pass_qz.  A key
+ * at a time (its rows' accumulators in registers, parked in rb when done), then
+ * the lanes summed by the transpose-and-add tree: every row count and key
+ * position sums a score in this one order. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_pass_u4l)(const float *Q, const float *QS, const int R, int nrow, int64_t D, const uint8_t *x,
+                       int64_t xsr, const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                       int64_t zsc, const int64_t (*go)[2], const int NG, int nk, float *s, int64_t lds, int64_t pf,
+                       const int one, const float *qs)
+{
+    const int U = FA_W / R;
+    float rb[FA_W * FA_W] __attribute__((aligned(64)));
+    if (pf)
+        for (int u = 0; u < nk; u++) {
+            fa_prefetch_bytes(x + (u + pf) * xsr, D / 2);
+            __builtin_prefetch(scale + (u + pf) * ssr, 0, FA_PF_LOC);
+            __builtin_prefetch(zero + (u + pf) * zsr, 0, FA_PF_LOC);
+        }
+#pragma GCC unroll 1
+    for (int u = 0; u < U; u++) {
+        FA_V e[4];
+        FA_UNROLL for (int i = 0; i < R; i++) e[i] = FA_SFX(fa_set1)(0);
+        if (u < nk)
+            for (int64_t d = 0; d < D; d += 8 * FA_W) {
+                fa_u32_wf xv;
+                memcpy(&xv, x + u * xsr + d / 2, sizeof xv);
+                FA_V t[4];
+                FA_UNROLL for (int k = 0; k < 8; k++) {
+                    const FA_V c = FA_SFX(fa_u4_nib)(xv, k);
+                    FA_UNROLL for (int i = 0; i < R; i++) {
+                        const FA_V qv = FA_SFX(fa_load)(Q + i * D + d + k * FA_W);
+                        if (one)
+                            e[i] += qv * c;
+                        else if (k == 0)
+                            t[i] = qv * c;
+                        else
+                            t[i] += qv * c;
+                    }
+                }
+                if (!one) {
+                    const int64_t *g = go[d / (8 * FA_W)];
+                    const FA_V sv = FA_SFX(fa_lane_groups)(scale + u * ssr + g[0], ssc, NG);
+                    const FA_V zv = FA_SFX(fa_lane_groups)(zero + u * zsr + g[1], zsc, NG);
+                    FA_UNROLL for (int i = 0; i < R; i++)
+                        e[i] += sv * (t[i] - zv * FA_SFX(fa_load)(QS + i * (D / 8) + d / 8));
+                }
+            }
+        FA_UNROLL for (int i = 0; i < R; i++) FA_SFX(fa_store)(rb + (i * U + u) * FA_W, e[i]);
+    }
+    FA_V r[FA_W];
+    FA_UNROLL for (int a = 0; a < FA_W; a++) r[a] = FA_SFX(fa_load)(rb + a * FA_W);
+    FA_SFX(fa_transpose_add)(r);
+    float tt[FA_W];
+    FA_SFX(fa_store)(tt, r[0]);
+    if (one)
+        for (int i = 0; i < nrow; i++)
+            for (int u = 0; u < nk; u++) s[i * lds + u] = (tt[i * U + u] - zero[u * zsr] * qs[i]) * scale[u * ssr];
+    else
+        for (int i = 0; i < nrow; i++)
+            for (int u = 0; u < nk; u++) s[i * lds + u] = tt[i * U + u];
+}
+
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_rows_u4l_r)(const float *Q, const float *QS, const int R, int nrow, int64_t D, const uint8_t *x,
+                         int64_t xsr, const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                         int64_t zsc, const int64_t (*go)[2], const int NG, int64_t n, float *s, int64_t lds, const int one,
+                         const float *qs)
+{
+    const int U = FA_W / R;
+    const int64_t pfr = fa_pf_rows_bytes(D / 2), pf = pfr > U ? pfr : U;
+    int64_t j = 0;
+    for (; j + U <= n; j += U)
+        FA_SFX(fa_qk_pass_u4l)(Q, QS, R, nrow, D, x + j * xsr, xsr, scale + j * ssr, ssr, ssc, zero + j * zsr, zsr,
+                               zsc, go, NG, U, s + j, lds, pf, one, qs);
+    if (j < n)
+        FA_SFX(fa_qk_pass_u4l)(Q, QS, R, nrow, D, x + j * xsr, xsr, scale + j * ssr, ssr, ssc, zero + j * zsr, zsr,
+                               zsc, go, NG, (int)(n - j), s + j, lds, 0, one, qs);
+}
+
+/* nr rows of qp (ldq apart, pre-scaled) in blocks of up to 4, as fa_qk_rows_qz_bits:
+ * each block's rows permuted into nibble-lane order first */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_rows_u4l_ng)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
+                          const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
+                          int64_t G, int64_t n, float *s, int64_t lds, const int NG, const int one)
+{
+    float Q[4 * FA_U4L_DMAX], QS[4 * FA_U4L_DMAX / 8];
+    int64_t go[FA_U4L_DMAX / 32][2];    /* each chunk's first group: scale, zero offsets */
+    for (int64_t d = 0; d < D; d += 8 * FA_W) {
+        go[d / (8 * FA_W)][0] = d / G * ssc;
+        go[d / (8 * FA_W)][1] = d / G * zsc;
+    }
+    for (int64_t i0 = 0; i0 < nr; i0 += 4) {
+        const int rows = nr - i0 < 4 ? (int)(nr - i0) : 4;
+        const int Rb = rows == 1 ? 1 : rows == 2 || FA_W < 4 ? 2 : 4;
+        const float *q = qp + i0 * ldq;
+        float *si = s + i0 * lds;
+        float qs[4] = {0, 0, 0, 0};
+        for (int i = 0; i < Rb; i++) {
+            const float *qr = q + i * ldq;
+            if (i >= rows) {    /* a block of 3 rows computed as 4 */
+                memset(Q + i * D, 0, D * sizeof(float));
+                memset(QS + i * (D / 8), 0, D / 8 * sizeof(float));
+                continue;
+            }
+            for (int64_t d = 0; d < D; d += 8 * FA_W)
+                for (int l = 0; l < FA_W; l++)
+                    for (int k = 0; k < 8; k++) Q[i * D + d + k * FA_W + l] = qr[d + 8 * l + k];
+            if (one) {
+                FA_V a = FA_SFX(fa_set1)(0);
+                for (int64_t d = 0; d < D; d += FA_W) a += FA_SFX(fa_load)(qr + d);
+                qs[i] = FA_SFX(fa_hsum)(a);
+            } else
+                for (int64_t d = 0; d < D; d += 8 * FA_W) {
+                    FA_V a = FA_SFX(fa_load)(Q + i * D + d);
+                    for (int k = 1; k < 8; k++) a += FA_SFX(fa_load)(Q + i * D + d + k * FA_W);
+                    FA_SFX(fa_store)(QS + i * (D / 8) + d / 8, a);
+                }
+        }
+#define FA_U4L_R(R, NROW, OFF)                                                                                  \
+        FA_SFX(fa_qk_rows_u4l_r)(Q + (OFF) * D, QS + (OFF) * (D / 8), R, NROW, D, x, xsr, scale, ssr, ssc, zero, \
+                                 zsr, zsc, go, NG, n, si + (OFF) * lds, lds, one, qs + (OFF))
+        if (Rb == 1)
+            FA_U4L_R(1, 1, 0);
+        else if (Rb == 2)
+            for (int a = 0; a < rows; a += 2) FA_U4L_R(2, rows - a < 2 ? rows - a : 2, a);
+        else
+            FA_U4L_R(4, rows, 0);
+#undef FA_U4L_R
+    }
+}
+
+static void FA_SFX(fa_qk_rows_u4l)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x,
+                                   int64_t xsr, const float *scale, int64_t ssr, int64_t ssc, const float *zero,
+                                   int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds, int NG)
+{
+    /* one group per row (G == D) only with NG == 1 */
+    if (G == D)
+        FA_SFX(fa_qk_rows_u4l_ng)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 1, 1);
+    else if (NG == 1)
+        FA_SFX(fa_qk_rows_u4l_ng)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 1, 0);
+    else if (NG == 2)
+        FA_SFX(fa_qk_rows_u4l_ng)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 2, 0);
+    else
+        FA_SFX(fa_qk_rows_u4l_ng)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4, 0);
+}
+#endif
+
 static void FA_SFX(fa_qk_rows_qz)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
                                   int bits, const float *scale, int64_t ssr, int64_t ssc, const float *zero,
                                   int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds)
 {
+#ifdef FA_U4L_DMAX
+    const int ng = bits == 4 ? FA_SFX(fa_u4l_groups)(D, G) : 0;
+    if (ng) {
+        FA_SFX(fa_qk_rows_u4l)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, ng);
+        return;
+    }
+#endif
     if (G == D) {
         if (bits == 8)
             FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8, 1);
@@ -358,10 +562,117 @@ FA_SFX(fa_pv_rows_qz_bits)(const float *p, int64_t ldp, int64_t nr, const uint8_
     }
 }
 
+
+#ifdef FA_U4L_DMAX
+/* O += P . V, 4-bit codes in nibble lanes: R rows, the chunk at column d, its
+ * nibbles k in [kb, kb + NK) held in R x NK accumulators while keys [k0, k1)
+ * stream by once (accumulator k, lane l: column d + 8 l + k, gathered from o and
+ * scattered back around the pass).  Per key: the W lanes of 4 W bytes, the
+ * lanes' scale and zero point (fa_lane_groups), weights p * scale; per nibble
+ * (codes - zero) * weight added -- per element the operations of fa_pv_cols_qz,
+ * in the same key order, so the same bits. */
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_cols_u4l)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
+                       int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t k0, int64_t k1,
+                       float *o, int64_t ldo, int64_t d, int kb, const int R, const int NK, const int NG,
+                       int64_t pf, int64_t rb)
+{
+    FA_V acc[4][8];
+    const int64_t gs = d / G * ssc, gz = d / G * zsc;
+    FA_UNROLL for (int r = 0; r < R; r++)
+        FA_UNROLL for (int k = 0; k < NK; k++) {
+            float t[FA_W];
+            for (int l = 0; l < FA_W; l++) t[l] = o[r * ldo + d + 8 * l + kb + k];
+            acc[r][k] = FA_SFX(fa_load)(t);
+        }
+    for (int64_t j = k0; j < k1; j++) {
+        const uint8_t *xr = x + j * xsr;
+        const float *sr = scale + j * ssr, *zr = zero + j * zsr;
+        if (pf) {
+            fa_prefetch_bytes(xr + pf * xsr, rb);
+            __builtin_prefetch(sr + pf * ssr, 0, FA_PF_LOC);
+            __builtin_prefetch(zr + pf * zsr, 0, FA_PF_LOC);
+        }
+        fa_u32_wf xv;
+        memcpy(&xv, xr + d / 2, sizeof xv);
+        const FA_V sv = FA_SFX(fa_lane_groups)(sr + gs, ssc, NG);
+        const FA_V zv = FA_SFX(fa_lane_groups)(zr + gz, zsc, NG);
+        FA_V wv[4];
+        FA_UNROLL for (int r = 0; r < R; r++) wv[r] = FA_SFX(fa_set1)(p[r * ldp + j]) * sv;
+        FA_UNROLL for (int k = 0; k < NK; k++) {
+            const FA_V cz = FA_SFX(fa_u4_nib)(xv, kb + k) - zv;
+            FA_UNROLL for (int r = 0; r < R; r++) acc[r][k] += cz * wv[r];
+        }
+    }
+    FA_UNROLL for (int r = 0; r < R; r++)
+        FA_UNROLL for (int k = 0; k < NK; k++)
+        {
+            float t[FA_W];
+            FA_SFX(fa_store)(t, acc[r][k]);
+            for (int l = 0; l < FA_W; l++) o[r * ldo + d + 8 * l + kb + k] = t[l];
+        }
+}
+
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_rows_u4l_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale,
+                         int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G,
+                         int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D, const int R, const int NG)
+{
+    /* R x NK accumulators: 8 (16 registers) or 16 (32) */
+    const int NK = R == 1 ? 8 : R == 2 ? (FA_VBYTES >= 64 ? 8 : 4) : FA_VBYTES >= 64 ? 4 : 2;
+    const int64_t rb = D / 2, pfr = fa_pf_rows_bytes(rb);
+    for (int64_t d = 0; d < D; d += 8 * FA_W)
+        for (int kb = 0; kb < 8; kb += NK)
+            FA_SFX(fa_pv_cols_u4l)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, kb, R, NK,
+                                   NG, d == 0 && kb == 0 ? pfr : 0, rb);
+}
+
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_rows_u4l_ng)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr,
+                          const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
+                          int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D, const int NG)
+{
+    for (int64_t i0 = 0; i0 < nr; i0 += 4) {
+        const float *pi = p + i0 * ldp;
+        float *oi = o + i0 * ldo;
+        switch (nr - i0 < 4 ? (int)(nr - i0) : 4) {
+        case 1: FA_SFX(fa_pv_rows_u4l_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 1,
+                                         NG); break;
+        case 2: FA_SFX(fa_pv_rows_u4l_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 2,
+                                         NG); break;
+        case 3: FA_SFX(fa_pv_rows_u4l_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 3,
+                                         NG); break;
+        default: FA_SFX(fa_pv_rows_u4l_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D,
+                                          4, NG); break;
+        }
+    }
+}
+
+static void FA_SFX(fa_pv_rows_u4l)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr,
+                                   const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                                   int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D,
+                                   int NG)
+{
+    if (NG == 1)
+        FA_SFX(fa_pv_rows_u4l_ng)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 1);
+    else if (NG == 2)
+        FA_SFX(fa_pv_rows_u4l_ng)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 2);
+    else
+        FA_SFX(fa_pv_rows_u4l_ng)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4);
+}
+#endif
+
 static void FA_SFX(fa_pv_rows_qz)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr, int bits,
                                   const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
                                   int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D)
 {
+#ifdef FA_U4L_DMAX
+    const int ng = bits == 4 ? FA_SFX(fa_u4l_groups)(D, G) : 0;
+    if (ng) {
+        FA_SFX(fa_pv_rows_u4l)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, ng);
+        return;
+    }
+#endif
     if (bits == 8)
         FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 8);
     else
