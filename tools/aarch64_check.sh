@@ -17,19 +17,38 @@
 #      tests/test_seed.py run from outside the tree against it under qemu
 #
 # Emulated float code runs 30-100x slower than native, so the subsets leave out the
-# largest parametrisations of each test (see A_DESELECT / B_DESELECT below), never a
-# kind of coverage: every option, storage type (float16/bfloat16/int8 caches), packed
-# and paged batches and the backward run in lane A; lane B repeats the core of them on
-# the ARMv8.0 variant.  FASTATTN_EMULATED=1 is set for the tests: tests that spawn
-# Python children (sys.executable, which needs binfmt under qemu-user) skip on it.
+# largest parametrisations of the accuracy tests (see A_DEFAULT / B_DEFAULT below),
+# never a kind of coverage.  neon_bf16 is neon plus one instruction (BFDOT, for
+# bfloat16 query-vectorised Q.K^T: isa/neon_bf16.h), so the two NEON lanes share the
+# slow tests instead of both running them:
+#   both lanes   every core correctness test (seed, dispatch, attention, semantics,
+#                storage, QuantizedKV, varlen + paged, backward) against the reference
+#   lane A only  the bfloat16-product, KV-format (float8), sinks tests, the int8 caches
+#                with scales (also run on baseline), and the tests of properties decided
+#                above the kernels (no copy of a half / int8 / quantized / paged cache,
+#                bit-identical results for any thread count, option spellings, strided
+#                caches, non-finite values hidden by key ranges, many-thread long keys);
+#                bfloat16 in the half-input backward tests; float64 in the
+#                unit-selection tests of test_semantics
+#   lane B only  the largest many-rows / wide-head tests (half-precision prefill units,
+#                half gradients of wide heads, long key groups, long varlen sequences,
+#                steep score falloff), the accuracy tests; float16 in the half-input
+#                backward tests; float32 in the unit-selection tests
+# so every kernel path (float32/float64 forward, half/int8/float8/QuantizedKV storage,
+# backward, varlen/paged, softmax) runs on a NEON variant, and its core on both; the
+# baseline variant (subset C) runs the seed example and the storage tests.
+# FASTATTN_EMULATED=1 is set for the tests: tests that spawn Python children
+# (sys.executable, which needs binfmt under qemu-user) skip on it.
 #
-# Usage: tools/aarch64_check.sh       (~12 min on 2 cores; needs network the first
+# Usage: tools/aarch64_check.sh       (~9 min on 2 cores; needs network the first
 #                                      time for the sysroot and for auditwheel)
 # Environment:
 #   A64=dir        the sysroot (default: <repo>/.a64; built if missing)
 #   PYTHON=python3 the host Python 3.11 with setuptools, Cython and numpy 2
 #   SKIP_WHEEL=1   skip step 5        KEEP_WORK=1  keep the temporary work directory
-#   A_TESTS / B_TESTS / C_TESTS  override a lane's pytest arguments
+#   A_TESTS / B_TESTS / C_TESTS  override a lane's pytest arguments (split on spaces:
+#                  no -k expression with spaces); PYTEST_ADDOPTS reaches every lane,
+#                  e.g. PYTEST_ADDOPTS=--durations=40 to see where the qemu time goes
 set -euo pipefail
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"   # ROOT, PY, T0, die, fa_workdir
@@ -107,26 +126,41 @@ took "cross build (${#VARIANTS[@]} variants + _cpu)" $((SECONDS - t))
 # --------------------------------------------------------------------------- 4. tests
 PYTEST=(-m pytest -q -p no:cacheprovider -o addopts= -rfE)
 T=tests
-# Lane A (max,sve=off -> neon_bf16): every test file of the subset; the deselects drop
-# only the largest sizes of tests whose kind stays covered by smaller cases:
-#   accuracy: the 65536-key and 1024x1024 shapes (256x4096 stays) and the 2^25 / 2^31-1
-#   key rows (2^24+3 keys stays, for 1 and 16 query rows)
+# The unit-selection tests of test_semantics (which kernel unit a row count gets, its
+# tiles and key splits): float64 in lane A, float32 in lane B.
+UNITS="(query_vectorised or path_boundaries or packed_tiles_mid_rows or output_rows_many_queries or few_rows_in_place)"
+# Lane A (max,sve=off -> neon_bf16): every test file of the subset but test_accuracy;
+# the tests that lane B runs for both NEON variants are deselected (see the header)
 A_DEFAULT=(
     $T/test_seed.py $T/test_dispatch.py $T/test_attention.py $T/test_semantics.py
     $T/test_storage.py $T/test_kv_formats.py $T/test_bf16_products.py $T/test_sinks.py
-    $T/test_varlen.py $T/test_backward.py $T/test_accuracy.py $T/test_quantized_kernels.py
-    -k "not 2147483647 and not 33554433 and not 65536 and not 1024-1024"
+    $T/test_varlen.py $T/test_backward.py $T/test_quantized_kernels.py
+    -k "not ($UNITS and float32) \
+        and not paged_and_half_precision_prefill_units_of_many_rows \
+        and not half_gradients_wide_heads_and_key_groups and not long_head_key_groups \
+        and not varlen_long_sequences_split_over_their_keys and not steep_score_falloff \
+        and not ((half_inputs_read_in_place or half_inputs_are_never_copied) and float16 and not bfloat16)"
 )
-# Lane B (cortex-a72 -> neon, ARMv8.0): the core of the same kinds on the fallback
-# NEON variant (no BF16/dot products): options, storage types, packed + paged,
-# backward; the query-vectorised semantics tests in float32 only (float64 in lane A)
+# Lane B (cortex-a72 -> neon, ARMv8.0, no BF16/dot products): the core of the same
+# kinds on the fallback NEON variant, the slow tests lane A leaves to it, and the
+# accuracy tests without their largest sizes: the 65536-key and 1024x1024 shapes
+# (256x4096 stays) and the 2^25 / 2^31-1 key rows (2^24+3 keys stays, for 1 and 16
+# query rows)
 B_DEFAULT=(
     $T/test_seed.py $T/test_dispatch.py $T/test_attention.py $T/test_semantics.py
     $T/test_storage.py $T/test_quantized_kernels.py $T/test_varlen.py $T/test_backward.py
-    -k "not (query_vectorised and float64)"
+    $T/test_accuracy.py
+    -k "not ($UNITS and float64) \
+        and not ((half_inputs_read_in_place or half_inputs_are_never_copied) and bfloat16) \
+        and not caches_are_never_copied and not test_read_in_place \
+        and not bit_identical_for_any_thread_count and not option_spellings_give_the_same_bits \
+        and not nonfinite_values_hidden_by_key_ranges and not strided_and_grouped_half_and_int8_caches \
+        and not long_keys_small_queries_many_threads and not int8_kv_with_scales \
+        and not 2147483647 and not 33554433 and not 65536 and not 1024-1024"
 )
 # Lane B, then FASTATTN_ISA=baseline (generic.h): the seed example and the storage tests
-C_DEFAULT=($T/test_seed.py $T/test_storage.py)
+# but the no-copy ones (an allocation property, checked in lane A)
+C_DEFAULT=($T/test_seed.py $T/test_storage.py -k "not caches_are_never_copied")
 # shellcheck disable=SC2206
 if [[ -n "${A_TESTS:-}" ]]; then A_ARGS=($A_TESTS); else A_ARGS=("${A_DEFAULT[@]}"); fi
 # shellcheck disable=SC2206
