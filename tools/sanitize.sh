@@ -4,11 +4,17 @@
 # tools/smoke.py under every kernel variant this CPU supports and a smoke subset of
 # the test suite.  Fails when a test fails or any sanitizer report mentions fastattn.
 #
+# Only the variants this CPU can execute are built: sanitizers check at run time, and a
+# module this CPU cannot import (avx512 on an AVX2 machine) would only cost build time
+# (its plain compile is checked by the other CI steps).  The baseline variant and _cpu
+# are built first, the dispatcher of that build names the CPU's variants, then those.
+#
 #   tools/sanitize.sh [extra pytest args]
 #
 # Environment:
 #   SANITIZE_TESTS   test files to run (default: a smoke subset, see below)
 #   SANITIZE_KEEP=1  keep the scratch directory (printed at the end)
+#   FASTATTN_VARIANTS=a,b  build exactly these variants (one pass; default: this CPU's)
 #   PYTHON           interpreter (default: python3)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"   # ROOT, PY, T0, die, fa_workdir
@@ -23,15 +29,31 @@ echo "== copying the source tree (tracked + untracked, not ignored) to $WORK/src
     | while IFS= read -r -d '' f; do if [ -e "$f" ]; then printf '%s\0' "$f"; fi; done \
     | tar --null -T - -cf -) | tar -xf - -C "$WORK/src"
 
-echo "== building with FASTATTN_SANITIZE=1"
-(cd "$WORK/src" && FASTATTN_SANITIZE=1 "$PY" setup.py -q build_ext --inplace -j 2 \
-    >"$LOGDIR/build.log" 2>&1) || { tail -50 "$LOGDIR/build.log"; echo "sanitize: BUILD FAILED"; exit 1; }
-
 ASAN_LIB=$("$CC_" -print-file-name=libasan.so)
 UBSAN_LIB=$("$CC_" -print-file-name=libubsan.so)
 [ -e "$ASAN_LIB" ] || { echo "sanitize: libasan not found ($ASAN_LIB)"; exit 1; }
 PRELOAD="$ASAN_LIB"
 [ -e "$UBSAN_LIB" ] && PRELOAD="$PRELOAD:$UBSAN_LIB"
+
+build() {  # build FASTATTN_VARIANTS=$1 (in place; up-to-date modules are kept)
+    echo "== building with FASTATTN_SANITIZE=1 FASTATTN_VARIANTS=$1"
+    (cd "$WORK/src" && FASTATTN_SANITIZE=1 FASTATTN_VARIANTS="$1" "$PY" setup.py -q build_ext --inplace -j 2 \
+        >>"$LOGDIR/build.log" 2>&1) || { tail -50 "$LOGDIR/build.log"; echo "sanitize: BUILD FAILED"; exit 1; }
+}
+if [ -n "${FASTATTN_VARIANTS:-}" ]; then
+    build "$FASTATTN_VARIANTS"
+else
+    build baseline
+    CAN=$(cd "$WORK/src" && ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$PRELOAD" PYTHONPATH="$WORK/src" "$PY" -c \
+        "from fastattn import _dispatch as d; print(','.join(d._supported()[0]))") \
+        || { echo "sanitize: the baseline build does not import"; exit 1; }
+    echo "   this CPU executes: $CAN"
+    if [ "$CAN" != baseline ]; then
+        # _cpu again, so that its build info lists the variants of the final build
+        rm -f "$WORK"/src/fastattn/_kernels/_cpu.*.so
+        build "$CAN"
+    fi
+fi
 
 # detect_leaks=0: CPython leaks by design.  allocator_may_return_null=1: the tests
 # check that impossible allocations raise MemoryError instead of aborting.
