@@ -22,7 +22,9 @@
 # bfloat16 query-vectorised Q.K^T: isa/neon_bf16.h), so the two NEON lanes share the
 # slow tests instead of both running them:
 #   both lanes   every core correctness test (seed, dispatch, attention, semantics,
-#                storage, QuantizedKV, varlen + paged, backward) against the reference
+#                storage, QuantizedKV, varlen + paged, backward) against the reference;
+#                lane B runs the option-by-option reference comparisons of forward,
+#                varlen and backward in float32 only (both widths in lane A)
 #   lane A only  the bfloat16-product, KV-format (float8), sinks tests, the int8 caches
 #                with scales (also run on baseline), and the tests of properties decided
 #                above the kernels (no copy of a half / int8 / quantized / paged cache,
@@ -129,6 +131,9 @@ T=tests
 # The unit-selection tests of test_semantics (which kernel unit a row count gets, its
 # tiles and key splits): float64 in lane A, float32 in lane B.
 UNITS="(query_vectorised or path_boundaries or packed_tiles_mid_rows or output_rows_many_queries or few_rows_in_place)"
+# The reference comparisons of forward, varlen and backward options: both float widths
+# in lane A, float32 in lane B.
+REFS="(test_vs_reference or varlen_against_the_reference or options_match_reference)"
 # Lane A (max,sve=off -> neon_bf16): every test file of the subset but test_accuracy;
 # the tests that lane B runs for both NEON variants are deselected (see the header)
 A_DEFAULT=(
@@ -150,7 +155,7 @@ B_DEFAULT=(
     $T/test_seed.py $T/test_dispatch.py $T/test_attention.py $T/test_semantics.py
     $T/test_storage.py $T/test_quantized_kernels.py $T/test_varlen.py $T/test_backward.py
     $T/test_accuracy.py
-    -k "not ($UNITS and float64) \
+    -k "not (($UNITS or $REFS) and float64) \
         and not ((half_inputs_read_in_place or half_inputs_are_never_copied) and bfloat16) \
         and not caches_are_never_copied and not test_read_in_place \
         and not bit_identical_for_any_thread_count and not option_spellings_give_the_same_bits \
