@@ -6,15 +6,18 @@
 #
 # Only the variants this CPU can execute are built: sanitizers check at run time, and a
 # module this CPU cannot import (avx512 on an AVX2 machine) would only cost build time
-# (its plain compile is checked by the other CI steps).  The baseline variant and _cpu
-# are built first, the dispatcher of that build names the CPU's variants, then those.
+# (its plain compile is checked by the other CI steps).  They are chosen from the
+# checkout's variant table and the CPU features that an installed fastattn reports
+# (CI installs it from the checkout first); without one, every variant is built.  After
+# the build its own dispatcher must find every variant this CPU executes (a missed one
+# is built then).
 #
 #   tools/sanitize.sh [extra pytest args]
 #
 # Environment:
 #   SANITIZE_TESTS   test files to run (default: a smoke subset, see below)
 #   SANITIZE_KEEP=1  keep the scratch directory (printed at the end)
-#   FASTATTN_VARIANTS=a,b  build exactly these variants (one pass; default: this CPU's)
+#   FASTATTN_VARIANTS=a,b  build exactly these variants (default: those this CPU executes)
 #   PYTHON           interpreter (default: python3)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"   # ROOT, PY, T0, die, fa_workdir
@@ -35,23 +38,32 @@ UBSAN_LIB=$("$CC_" -print-file-name=libubsan.so)
 PRELOAD="$ASAN_LIB"
 [ -e "$UBSAN_LIB" ] && PRELOAD="$PRELOAD:$UBSAN_LIB"
 
-build() {  # build FASTATTN_VARIANTS=$1 (in place; up-to-date modules are kept)
-    echo "== building with FASTATTN_SANITIZE=1 FASTATTN_VARIANTS=$1"
+build() {  # build FASTATTN_VARIANTS=$1 ("" = every variant; in place, up-to-date modules kept)
+    echo "== building with FASTATTN_SANITIZE=1 FASTATTN_VARIANTS=${1:-<every variant>}"
     (cd "$WORK/src" && FASTATTN_SANITIZE=1 FASTATTN_VARIANTS="$1" "$PY" setup.py -q build_ext --inplace -j 2 \
         >>"$LOGDIR/build.log" 2>&1) || { tail -50 "$LOGDIR/build.log"; echo "sanitize: BUILD FAILED"; exit 1; }
 }
-if [ -n "${FASTATTN_VARIANTS:-}" ]; then
-    build "$FASTATTN_VARIANTS"
-else
-    build baseline
-    CAN=$(cd "$WORK/src" && ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$PRELOAD" PYTHONPATH="$WORK/src" "$PY" -c \
-        "from fastattn import _dispatch as d; print(','.join(d._supported()[0]))") \
-        || { echo "sanitize: the baseline build does not import"; exit 1; }
-    echo "   this CPU executes: $CAN"
-    if [ "$CAN" != baseline ]; then
-        # _cpu again, so that its build info lists the variants of the final build
-        rm -f "$WORK"/src/fastattn/_kernels/_cpu.*.so
-        build "$CAN"
+# the variants this CPU executes ("" = every variant: no installed fastattn to ask)
+cpu_variants() {
+    (cd / && "$PY" - "$WORK/src/fastattn/_variants.py" 2>/dev/null <<'EOF'
+import runpy, sys
+from fastattn._kernels import _cpu
+arch = _cpu.target_arch()
+t = runpy.run_path(sys.argv[1])
+print(",".join(t["supported"](None if arch == "other" else arch, _cpu.cpu_features(), _cpu.cpu_vendor())[0]))
+EOF
+    ) || true
+}
+WANT=${FASTATTN_VARIANTS:-$(cpu_variants)}
+build "$WANT"
+if [ -z "${FASTATTN_VARIANTS:-}" ]; then
+    MISSING=$(cd "$WORK/src" && ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$PRELOAD" PYTHONPATH="$WORK/src" "$PY" -c \
+        "from fastattn import _dispatch as d; print(','.join(v for v in d._supported()[0] if not d._built(v)))") \
+        || { echo "sanitize: the sanitized build does not import"; exit 1; }
+    if [ -n "$MISSING" ]; then
+        echo "   this CPU also executes: $MISSING"
+        rm -f "$WORK"/src/fastattn/_kernels/_cpu.*.so     # rebuilt: its build info lists the variants
+        build "$WANT,$MISSING"
     fi
 fi
 
