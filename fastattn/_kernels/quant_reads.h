@@ -540,29 +540,6 @@ FA_SFX(fa_pv_rows_qz_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t x
                               d == 0 ? pfr : 0, rb, 1);
 }
 
-static inline __attribute__((always_inline)) void
-FA_SFX(fa_pv_rows_qz_bits)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr,
-                           const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
-                           int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D,
-                           const int bits)
-{
-    for (int64_t i0 = 0; i0 < nr; i0 += 4) {
-        const float *pi = p + i0 * ldp;
-        float *oi = o + i0 * ldo;
-        switch (nr - i0 < 4 ? (int)(nr - i0) : 4) {
-        case 1: FA_SFX(fa_pv_rows_qz_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 1,
-                                        bits); break;
-        case 2: FA_SFX(fa_pv_rows_qz_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 2,
-                                        bits); break;
-        case 3: FA_SFX(fa_pv_rows_qz_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 3,
-                                        bits); break;
-        default: FA_SFX(fa_pv_rows_qz_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 4,
-                                         bits); break;
-        }
-    }
-}
-
-
 #ifdef FA_U4L_DMAX
 /* O += P . V, 4-bit codes in nibble lanes: R rows, the chunk at column d, its
  * nibbles k in [kb, kb + NK) held in R x NK accumulators while keys [k0, k1)
@@ -627,40 +604,45 @@ FA_SFX(fa_pv_rows_u4l_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t 
                                    NG, d == 0 && kb == 0 ? pfr : 0, rb);
 }
 
+#endif
+
+/* R rows (a constant) over every column: the interleaved reader, or for 4-bit
+ * codes in nibble lanes (NG > 0, a constant) fa_pv_rows_u4l_r */
 static inline __attribute__((always_inline)) void
-FA_SFX(fa_pv_rows_u4l_ng)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr,
-                          const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
-                          int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D, const int NG)
+FA_SFX(fa_pv_rows_qz_rn)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale,
+                         int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G,
+                         int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D, const int R, const int bits,
+                         const int NG)
+{
+#ifdef FA_U4L_DMAX
+    if (NG) {
+        FA_SFX(fa_pv_rows_u4l_r)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, R, NG);
+        return;
+    }
+#endif
+    FA_SFX(fa_pv_rows_qz_r)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, R, bits);
+}
+
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_rows_qz_bits)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr,
+                           const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                           int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D,
+                           const int bits, const int NG)
 {
     for (int64_t i0 = 0; i0 < nr; i0 += 4) {
         const float *pi = p + i0 * ldp;
         float *oi = o + i0 * ldo;
+#define FA_PV_QZ_ROWS(R) \
+        FA_SFX(fa_pv_rows_qz_rn)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, R, bits, NG)
         switch (nr - i0 < 4 ? (int)(nr - i0) : 4) {
-        case 1: FA_SFX(fa_pv_rows_u4l_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 1,
-                                         NG); break;
-        case 2: FA_SFX(fa_pv_rows_u4l_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 2,
-                                         NG); break;
-        case 3: FA_SFX(fa_pv_rows_u4l_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, 3,
-                                         NG); break;
-        default: FA_SFX(fa_pv_rows_u4l_r)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D,
-                                          4, NG); break;
+        case 1: FA_PV_QZ_ROWS(1); break;
+        case 2: FA_PV_QZ_ROWS(2); break;
+        case 3: FA_PV_QZ_ROWS(3); break;
+        default: FA_PV_QZ_ROWS(4); break;
         }
+#undef FA_PV_QZ_ROWS
     }
 }
-
-static void FA_SFX(fa_pv_rows_u4l)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr,
-                                   const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
-                                   int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D,
-                                   int NG)
-{
-    if (NG == 1)
-        FA_SFX(fa_pv_rows_u4l_ng)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 1);
-    else if (NG == 2)
-        FA_SFX(fa_pv_rows_u4l_ng)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 2);
-    else
-        FA_SFX(fa_pv_rows_u4l_ng)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4);
-}
-#endif
 
 static void FA_SFX(fa_pv_rows_qz)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr, int bits,
                                   const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
@@ -668,14 +650,17 @@ static void FA_SFX(fa_pv_rows_qz)(const float *p, int64_t ldp, int64_t nr, const
 {
 #ifdef FA_U4L_DMAX
     const int ng = bits == 4 ? FA_SFX(fa_u4l_groups)(D, G) : 0;
-    if (ng) {
-        FA_SFX(fa_pv_rows_u4l)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, ng);
-        return;
-    }
+    if (ng == 1)
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4, 1);
+    else if (ng == 2)
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4, 2);
+    else if (ng)
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4, 4);
+    else
 #endif
     if (bits == 8)
-        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 8);
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 8, 0);
     else
-        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4);
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4, 0);
 }
 #endif
