@@ -62,12 +62,13 @@ def test_every_float8_value_widens_exactly(name):
 @needs_f8
 @pytest.mark.parametrize("name", F8)
 @pytest.mark.parametrize("Hq,Lq", [(2, 1), (8, 1), (2, 4), (8, 3), (2, 40)])
-@pytest.mark.parametrize("D", [16, 40, 128])
+@pytest.mark.parametrize("D", [4, 16, 40, 44, 128])
 def test_every_float8_code_in_every_kernel_path(name, Hq, Lq, D):
     """Every finite code (subnormals, zeros of both signs, the largest) at every
     lane of the keys and values, through the one-row decode, the grouped rows of
     GQA (4 query heads per key head), the row units and the packed tiles, and
-    whole and partial vectors: the same bits as the same call on float32 copies
+    whole vectors, pairs of vectors and partial vectors (D 4; 44 = 2 x 16 + 8 + 4
+    on AVX2): the same bits as the same call on float32 copies
     (the widening is exact, so only the loads differ).  A NaN code makes its
     key's rows NaN."""
     dt = np.dtype(getattr(ml_dtypes, name))

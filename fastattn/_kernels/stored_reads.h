@@ -55,8 +55,9 @@ FA_SSFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict v
     for (int64_t k = k0; k < k1; k++) {
         FA_V b[FA_PV_NV];
         if (pfn) FA_SSFX(fa_prefetch_s)(vp + (k + pf) * ldv, pfn);
-        FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
-            if (v < nv) b[v] = FA_SSFX(fa_load_s)(vp + k * ldv + v * FA_W);
+        FA_UNROLL for (int v = 0; v + 1 < FA_PV_NV; v += 2)
+            if (v + 1 < nv) FA_SSFX(fa_load2_raw_s)(vp + k * ldv + v * FA_W, b + v);
+        if (nv % 2) b[nv - 1] = FA_SSFX(fa_load_raw_s)(vp + k * ldv + (nv - 1) * FA_W);
         FA_UNROLL for (int i = 0; i < FA_PV_MRX; i++)
             if (i < mr) {
                 const FA_V a = FA_SFX(fa_set1)(p[i * ldp + k]);
@@ -66,7 +67,9 @@ FA_SSFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict v
     }
     FA_UNROLL for (int i = 0; i < FA_PV_MRX; i++)
         FA_UNROLL for (int v = 0; v < FA_PV_NV; v++)
-            if (i < mr && v < nv) FA_SFX(fa_store)(o + i * ldo + v * FA_W, FA_SFX(fa_load)(o + i * ldo + v * FA_W) + acc[i][v]);
+            if (i < mr && v < nv)
+                FA_SFX(fa_store)(o + i * ldo + v * FA_W, FA_SFX(fa_load)(o + i * ldo + v * FA_W)
+                                                        + FA_SSFX(fa_raw_scale_s)(acc[i][v]));
 }
 
 /* O[0:mr, 0:nvec*W] += P[0:mr, k0:k1] . V[k0:k1, 0:nvec*W] (mr a compile-time
@@ -94,8 +97,8 @@ FA_SSFX(fa_pv_cols)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict vp
  * padding rows; these loops are bound by memory bandwidth, not FLOPs. */
 
 /* a . b over n elements in FA_DOT_ACCS independent accumulators (the target's
- * choice: enough FMA chains to cover the latency of its FMA pipes), summed
- * pairwise, then across the lanes; a scalar tail. */
+ * choice: enough FMA chains to cover the latency of its FMA pipes), the last
+ * partial vector into the first, summed pairwise, then across the lanes. */
 static inline FA_T FA_SSFX(fa_dot)(const FA_T *a, const FA_S *b, int64_t n)
 {
     FA_V acc[FA_DOT_ACCS];
@@ -107,7 +110,7 @@ static inline FA_T FA_SSFX(fa_dot)(const FA_T *a, const FA_S *b, int64_t n)
      * accumulators see the same products in the same order */
     for (; d + 4 * FA_W <= n; d += 4 * FA_W) {
         FA_V bv[4];
-        FA_SSFX(fa_load4_s)(b + d, bv);
+        FA_SSFX(fa_load4_raw_s)(b + d, bv);
         FA_UNROLL for (int i = 0; i < 4; i++) acc[i & 1] += FA_SFX(fa_load)(a + d + i * FA_W) * bv[i];
     }
 #endif
@@ -115,17 +118,20 @@ static inline FA_T FA_SSFX(fa_dot)(const FA_T *a, const FA_S *b, int64_t n)
 #if FA_DOT_ACCS % 4 == 0
         FA_UNROLL for (int u = 0; u < FA_DOT_ACCS; u += 4) {
             FA_V bv[4];
-            FA_SSFX(fa_load4_s)(b + d + u * FA_W, bv);
+            FA_SSFX(fa_load4_raw_s)(b + d + u * FA_W, bv);
             FA_UNROLL for (int i = 0; i < 4; i++) acc[u + i] += FA_SFX(fa_load)(a + d + (u + i) * FA_W) * bv[i];
         }
 #else
         FA_UNROLL for (int u = 0; u < FA_DOT_ACCS; u++)
-            acc[u] += FA_SFX(fa_load)(a + d + u * FA_W) * FA_SSFX(fa_load_s)(b + d + u * FA_W);
+            acc[u] += FA_SFX(fa_load)(a + d + u * FA_W) * FA_SSFX(fa_load_raw_s)(b + d + u * FA_W);
 #endif
     }
-    for (; d + FA_W <= n; d += FA_W) acc[0] += FA_SFX(fa_load)(a + d) * FA_SSFX(fa_load_s)(b + d);
-    FA_T s = 0;
-    for (; d < n; d++) s += a[d] * FA_SSFX(fa_scalar_s)(b[d]);
+    for (; d + FA_W <= n; d += FA_W) acc[0] += FA_SFX(fa_load)(a + d) * FA_SSFX(fa_load_raw_s)(b + d);
+    /* the last partial vector as a vector (lanes past n zero): a scalar loop here
+     * was compiled differently per storage type (contracted into FMAs for float8,
+     * products rounded apart where the compiler vectorised the float32 one), so a
+     * float8 row's score differed in the last bit from its float32 copy's */
+    if (d < n) acc[0] += FA_SFX(fa_load_part)(a + d, n - d, 0) * FA_SSFX(fa_load_part_raw_s)(b + d, n - d, 0);
 #if FA_DOT_ACCS >= 8
     FA_UNROLL for (int u = 0; u < 4; u++) acc[u] += acc[u + 4];
 #endif
@@ -135,7 +141,8 @@ static inline FA_T FA_SSFX(fa_dot)(const FA_T *a, const FA_S *b, int64_t n)
 #if FA_DOT_ACCS >= 2
     acc[0] += acc[1];
 #endif
-    return s + FA_SFX(fa_hsum)(acc[0]);
+    const FA_T s = FA_SFX(fa_hsum)(acc[0]);
+    return FA_SSFX(fa_raw_factor_s)() == 1 ? s : s * FA_SSFX(fa_raw_factor_s)();
 }
 
 /* Copy n rows of D contiguous elements (rows sr apart) into dst rows ldd apart,
@@ -190,12 +197,29 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
     FA_V r[FA_QK_PAIRS];
     FA_UNROLL for (int x = 0; x < FA_QK_PAIRS; x++) r[x] = FA_SFX(fa_set1)(0);
     int64_t d = 0;
+    /* where the storage type widens two vectors in one go (float8 on AVX2), two
+     * vectors of each key at a time; each accumulator sees the same products in
+     * the same order */
+    for (; FA_SSFX(fa_load2_one_s)() && d + 2 * FA_W <= D; d += 2 * FA_W) {
+        FA_V kv[FA_QK_PAIRS][2];
+        FA_UNROLL for (int u = 0; u < G; u++)
+            if (u < nk) {
+                if (pf) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
+                FA_SSFX(fa_load2_raw_s)(kg + u * ksr + d, kv[u]);
+            }
+        FA_UNROLL for (int h = 0; h < 2; h++)
+            FA_UNROLL for (int i = 0; i < R; i++) {
+                const FA_V qv = FA_SFX(fa_load)(qp + i * ldq + d + h * FA_W);
+                FA_UNROLL for (int u = 0; u < G; u++)
+                    if (u < nk) r[i * G + u] += qv * kv[u][h];
+            }
+    }
     for (; d + FA_W <= D; d += FA_W) {
         FA_V kv[FA_QK_PAIRS];
         FA_UNROLL for (int u = 0; u < G; u++)
             if (u < nk) {
                 if (pf) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
-                kv[u] = FA_SSFX(fa_load_s)(kg + u * ksr + d);
+                kv[u] = FA_SSFX(fa_load_raw_s)(kg + u * ksr + d);
             }
         FA_UNROLL for (int i = 0; i < R; i++) {
             const FA_V qv = FA_SFX(fa_load)(qp + i * ldq + d);
@@ -206,14 +230,17 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
     if (d < D) {
         FA_V kv[FA_QK_PAIRS];
         FA_UNROLL for (int u = 0; u < G; u++)
-            if (u < nk) kv[u] = FA_SSFX(fa_load_part_s)(kg + u * ksr + d, D - d, 0);
+            if (u < nk) kv[u] = FA_SSFX(fa_load_part_raw_s)(kg + u * ksr + d, D - d, 0);
         FA_UNROLL for (int i = 0; i < R; i++) {
             const FA_V qv = FA_SFX(fa_load_part)(qp + i * ldq + d, D - d, 0);
             FA_UNROLL for (int u = 0; u < G; u++)
                 if (u < nk) r[i * G + u] += qv * kv[u];
         }
     }
-    FA_UNROLL for (int b = 0; b < FA_QK_PAIRS / FA_W; b++) FA_SFX(fa_transpose_add)(r + b * FA_W);
+    FA_UNROLL for (int b = 0; b < FA_QK_PAIRS / FA_W; b++) {
+        FA_SFX(fa_transpose_add)(r + b * FA_W);
+        r[b * FA_W] = FA_SSFX(fa_raw_scale_s)(r[b * FA_W]);
+    }
     if (FA_QK_PAIRS == FA_W && R == 1 && nk == FA_W) {
         FA_SFX(fa_store)(s, r[0]);
     } else {
@@ -303,11 +330,11 @@ FA_SSFX(fa_pv1_axpy)(FA_V *a, FA_V w, const FA_S *vr, const int NB)
     if (NB % 4 == 0) {
         FA_UNROLL for (int u = 0; u < NB; u += 4) {
             FA_V x[4];
-            FA_SSFX(fa_load4_s)(vr + u * FA_W, x);
+            FA_SSFX(fa_load4_raw_s)(vr + u * FA_W, x);
             FA_UNROLL for (int i = 0; i < 4; i++) a[u + i] += w * x[i];
         }
     } else {
-        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SSFX(fa_load_s)(vr + u * FA_W);
+        FA_UNROLL for (int u = 0; u < NB; u++) a[u] += w * FA_SSFX(fa_load_raw_s)(vr + u * FA_W);
     }
 }
 
@@ -347,7 +374,8 @@ FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, 
         FA_SSFX(fa_prefetch_s)(kn + (i + pfk) * ksr, D);
         sn[i] = FA_SSFX(fa_dot)(qp, kn + i * ksr, D);
     }
-    FA_UNROLL for (int u = 0; u < NB; u++) FA_SFX(fa_store)(o + u * FA_W, FA_SFX(fa_load)(o + u * FA_W) + a[u]);
+    FA_UNROLL for (int u = 0; u < NB; u++)
+        FA_SFX(fa_store)(o + u * FA_W, FA_SFX(fa_load)(o + u * FA_W) + FA_SSFX(fa_raw_scale_s)(a[u]));
 }
 
 /* O[0][0:nvec*W] += sum_{k in [k0,k1)} P[0][k] * V[k][0:nvec*W] for one row (V

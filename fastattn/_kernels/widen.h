@@ -54,6 +54,11 @@ static inline FA_S FA_SSFX(fa_narrow_s)(FA_T x)
 {
     return x;
 }
+#define FA_S_RAW_FACTOR 1
+#define FA_S_LOAD2_ONE 0
+#define FA_S_LOAD_RAW FA_SSFX(fa_load_s)
+#define FA_S_LOAD2_RAW(p, v) FA_LOAD2_BY_ONE(FA_SSFX(fa_load_s), p, v, FA_W)
+#define FA_S_LOAD4_RAW FA_SSFX(fa_load4_s)
 #else
 /* the storage type's primitives from the target header (isa/portable.h) */
 #if FA_S_F16
@@ -104,6 +109,29 @@ static inline void FA_SSFX(fa_load4_s)(const FA_S *p, FA_V *v)
 {
     FA_S_LOAD4(p, v);
 }
+
+/* the raw reads of the storage type (below): a target whose widening of e4m3fn
+ * ends with an exact scaling by 2^8 (F16C: the byte as a half with a rebiased
+ * exponent) names forms without it, fa_load_f8e4_raw ... and FA_F8E4_RAW_FACTOR;
+ * a target may name fa_load2_<type> for two vectors in one widening */
+#if FA_S_F8E4 && defined(FA_F8E4_RAW_FACTOR)
+#  define FA_S_RAW_FACTOR FA_F8E4_RAW_FACTOR
+#  define FA_S_LOAD2_ONE 1
+#  define FA_S_LOAD_RAW fa_load_f8e4_raw
+#  define FA_S_LOAD2_RAW fa_load2_f8e4_raw
+#  define FA_S_LOAD4_RAW fa_load4_f8e4_raw
+#else
+#  define FA_S_RAW_FACTOR 1
+#  define FA_S_LOAD_RAW FA_SSFX(fa_load_s)
+#  if FA_S_F8E5 && defined(fa_load2_f8e5)
+#    define FA_S_LOAD2_ONE 1
+#    define FA_S_LOAD2_RAW fa_load2_f8e5
+#  else
+#    define FA_S_LOAD2_ONE 0
+#    define FA_S_LOAD2_RAW(p, v) FA_LOAD2_BY_ONE(FA_SSFX(fa_load_s), p, v, FA_W)
+#  endif
+#  define FA_S_LOAD4_RAW FA_SSFX(fa_load4_s)
+#endif
 #undef FA_S_TO_F32
 #undef FA_S_LOAD
 #undef FA_S_LOAD_PART
@@ -135,6 +163,58 @@ static inline void FA_SSFX(fa_store_s)(uint16_t *p, FA_V x)
 #endif
 
 #endif /* FA_S_NATIVE */
+
+/* Raw reads: the stored values divided by FA_SSFX(fa_raw_factor_s)(), an exact
+ * power of two (1 but for a target that widens a type more cheaply without a last
+ * scaling: e4m3fn through F16C, a half times 2^8).  A kernel that sums products of
+ * raw values multiplies its sums once by the factor at the end, and gets the bits
+ * of the scaled reads: every product and partial sum is the same real number
+ * times a power of two, so it rounds alike -- unless it falls below the smallest
+ * normal float32 times the factor (products under 2^-118 for e4m3), where the
+ * subnormal rounding may differ in the last place. */
+static inline FA_T FA_SSFX(fa_raw_factor_s)(void)
+{
+    return (FA_T)FA_S_RAW_FACTOR;
+}
+
+/* a sum of raw products as the sum of the stored values' products */
+static inline FA_V FA_SSFX(fa_raw_scale_s)(FA_V x)
+{
+    return FA_S_RAW_FACTOR == 1 ? x : x * FA_SFX(fa_set1)((FA_T)FA_S_RAW_FACTOR);
+}
+
+static inline FA_V FA_SSFX(fa_load_raw_s)(const FA_S *p)
+{
+    return FA_S_LOAD_RAW(p);
+}
+
+/* two consecutive vectors; fa_load2_one_s(): in one widening (a kernel may then
+ * step two vectors at a time) */
+static inline void FA_SSFX(fa_load2_raw_s)(const FA_S *p, FA_V *v)
+{
+    FA_S_LOAD2_RAW(p, v);
+}
+
+static inline int FA_SSFX(fa_load2_one_s)(void)
+{
+    return FA_S_LOAD2_ONE;
+}
+
+static inline void FA_SSFX(fa_load4_raw_s)(const FA_S *p, FA_V *v)
+{
+    FA_S_LOAD4_RAW(p, v);
+}
+
+static inline FA_V FA_SSFX(fa_load_part_raw_s)(const FA_S *p, int64_t n, FA_T fill)
+{
+    if (FA_S_RAW_FACTOR == 1) return FA_SSFX(fa_load_part_s)(p, n, fill);
+    return FA_SSFX(fa_load_part_s)(p, n, fill * (FA_T)FA_S_RAW_FACTOR) * FA_SFX(fa_set1)((FA_T)1 / (FA_T)FA_S_RAW_FACTOR);
+}
+#undef FA_S_RAW_FACTOR
+#undef FA_S_LOAD_RAW
+#undef FA_S_LOAD2_RAW
+#undef FA_S_LOAD2_ONE
+#undef FA_S_LOAD4_RAW
 
 static inline void FA_SSFX(fa_prefetch_s)(const FA_S *p, int64_t n)
 {

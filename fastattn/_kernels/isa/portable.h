@@ -169,6 +169,13 @@ static inline __attribute__((always_inline)) void fa_port_transpose_u8x16(fa_u8x
         (v)[3] = LOAD((p) + 3 * (W));                                           \
     } while (0)
 
+/* two consecutive vectors by two loads (widen.h's default fa_load2_raw) */
+#define FA_LOAD2_BY_ONE(LOAD, p, v, W)                                           \
+    do {                                                                        \
+        (v)[0] = LOAD(p);                                                       \
+        (v)[1] = LOAD((p) + (W));                                               \
+    } while (0)
+
 /* IEEE binary16 -> binary32, every value exact (subnormals normalised) */
 static inline float fa_port_f16_to_f32(uint16_t h)
 {

@@ -139,30 +139,53 @@ static inline fa_v_f fa_load_f8e5(const uint8_t *p)
     return (fa_v_f)_mm256_cvtph_ps(_mm_slli_epi16(b, 8));
 }
 
-static inline fa_v_f fa_load_f8e4(const uint8_t *p)
+/* 16 consecutive e5m2 elements as two vectors: one widening of 16 bytes */
+static inline void fa_load2_f8e5(const uint8_t *p, fa_v_f *v)
 {
-    const __m128i h = fa_f8e4_halves8_(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p)));
-    return (fa_v_f)_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
+    v[0] = (fa_v_f)_mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    v[1] = (fa_v_f)_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
+#define fa_load2_f8e5 fa_load2_f8e5
 
 /* 32 consecutive float8 elements as four vectors: 16 bytes at a time */
 static inline void fa_load4_f8e5(const uint8_t *p, fa_v_f *v)
 {
-    for (int i = 0; i < 2; i++) {
-        const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 16 * i))), 8);
-        v[2 * i] = (fa_v_f)_mm256_cvtph_ps(_mm256_castsi256_si128(h));
-        v[2 * i + 1] = (fa_v_f)_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-    }
+    fa_load2_f8e5(p, v);
+    fa_load2_f8e5(p + 16, v + 2);
+}
+
+/* e4m3fn "raw" (widen.h): the values / 2^8, the halves as they widen; the
+ * kernels that sum raw products scale their sums by FA_F8E4_RAW_FACTOR once */
+#define FA_F8E4_RAW_FACTOR 256.0f
+
+static inline fa_v_f fa_load_f8e4_raw(const uint8_t *p)
+{
+    return (fa_v_f)_mm256_cvtph_ps(fa_f8e4_halves8_(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p))));
+}
+
+static inline void fa_load2_f8e4_raw(const uint8_t *p, fa_v_f *v)
+{
+    const __m256i h = fa_f8e4_halves16_(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)));
+    v[0] = (fa_v_f)_mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    v[1] = (fa_v_f)_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+static inline void fa_load4_f8e4_raw(const uint8_t *p, fa_v_f *v)
+{
+    fa_load2_f8e4_raw(p, v);
+    fa_load2_f8e4_raw(p + 16, v + 2);
+}
+
+static inline fa_v_f fa_load_f8e4(const uint8_t *p)
+{
+    return (fa_v_f)_mm256_mul_ps((__m256)fa_load_f8e4_raw(p), _mm256_set1_ps(FA_F8E4_RAW_FACTOR));
 }
 
 static inline void fa_load4_f8e4(const uint8_t *p, fa_v_f *v)
 {
-    const __m256 s = _mm256_set1_ps(256.0f);
-    for (int i = 0; i < 2; i++) {
-        const __m256i h = fa_f8e4_halves16_(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 16 * i))));
-        v[2 * i] = (fa_v_f)_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s);
-        v[2 * i + 1] = (fa_v_f)_mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s);
-    }
+    fa_load4_f8e4_raw(p, v);
+    for (int i = 0; i < 4; i++) v[i] = (fa_v_f)_mm256_mul_ps((__m256)v[i], _mm256_set1_ps(FA_F8E4_RAW_FACTOR));
 }
 
 static inline float fa_f8e5_to_f32(uint8_t b) { return _cvtsh_ss((unsigned short)(b << 8)); }
