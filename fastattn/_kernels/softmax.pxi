@@ -324,6 +324,40 @@ cdef object softmax_half(cnp.ndarray xa, axis, out, int log_mode, int nthreads):
     return res
 
 
+# float16 / bfloat16 x along an axis of non-adjacent elements: elements widened
+# to float32 per slab (about 1 MiB of float32)
+cdef Py_ssize_t HALF_SLAB = 1 << 18
+
+
+cdef object softmax_half_slabs(cnp.ndarray xa, cnp.ndarray res, int ax, int log_mode, int nthreads):
+    """res[...] = the softmax of a float16 / bfloat16 xa along ax, for layouts
+    half_in_place does not read in place: slabs of xa (split along its outermost
+    other axes) of at most HALF_SLAB elements -- or one softmax row, if a row is
+    longer -- widened to float32 (their layout kept), through softmax_along,
+    rounded into res.  The same operations, per column and row, as widening all
+    of x at once, so the same bits; the scratch is two slabs, not a float32 copy
+    of x and of its result."""
+    cdef int c = -1, d
+    cdef Py_ssize_t step, per, i0, n
+    if cnp.PyArray_SIZE(xa) > HALF_SLAB:
+        for d in range(xa.ndim):
+            if d != ax and xa.shape[d] > 1 and (c < 0 or abs(xa.strides[d]) > abs(xa.strides[c])):
+                c = d
+    if c < 0:
+        xc = xa.astype(np.float32)
+        r32 = np.empty_like(xc)
+        softmax_along(xc, r32, ax, log_mode, nthreads)
+        res[...] = r32
+        return res
+    n = xa.shape[c]
+    per = cnp.PyArray_SIZE(xa) // n
+    step = max(1, HALF_SLAB // per)
+    for i0 in range(0, n, step):
+        sl = (slice(None),) * c + (slice(i0, i0 + step),)
+        softmax_half_slabs(xa[sl], res[sl], ax, log_mode, nthreads)
+    return res
+
+
 cdef object softmax_call(x, axis, out, num_threads, int log_mode, str fname):
     """softmax / log_softmax of x along axis (an int, or None for the whole array).
     The result takes the input's memory layout (as NumPy ufuncs do), so a slice
@@ -348,6 +382,20 @@ cdef object softmax_call(x, axis, out, num_threads, int log_mode, str fname):
         nthreads = _thread_resolver(num_threads)
     if half_in_place(xa, axis, ctype, otype):
         return softmax_half(xa, axis, out, log_mode, nthreads)
+    if (axis is not None and cnp.PyArray_SIZE(xa) > HALF_SLAB and otype != ctype and ctype == cnp.NPY_FLOAT
+            and (store_of(xa) == STORE_F16 or store_of(xa) == STORE_BF16)):
+        # a half-precision x along a strided axis: widened a slab at a time
+        ax = np.lib.array_utils.normalize_axis_index(operator.index(axis), xa.ndim) \
+            if not isinstance(axis, (bool, np.bool_)) and isinstance(axis, numbers.Integral) else -1
+        if ax >= 0:
+            if out is not None and behaved_array(<cnp.ndarray>out):
+                return softmax_half_slabs(xa, <cnp.ndarray>out, ax, log_mode, nthreads)
+            res = np.empty_like(xa, dtype=xa.dtype)
+            softmax_half_slabs(xa, res, ax, log_mode, nthreads)
+            if out is not None:
+                out[...] = res
+                return out
+            return res
     xc = to_compute(xa, ctype)
     if axis is None:
         flat = np.ascontiguousarray(xc).reshape(1, -1) if xc.ndim != 1 else xc.reshape(1, -1)
