@@ -263,8 +263,8 @@ ndarray
     return natively; float16 and bfloat16 (``ml_dtypes.bfloat16``) are
     computed in float32 and returned in their own dtype (read and written in
     place, each result rounded once, when the slices along ``axis`` are
-    contiguous; along other axes they are widened to float32 a slab of about
-    1 MiB at a time, never as a whole copy); integers
+    contiguous; along other axes they are widened to float32 a slab of 4 MiB
+    at a time, never as a whole copy); integers
     and bools compute and return in float64.
 
 Raises
