@@ -333,13 +333,14 @@ def test_half_strided_axes_in_slabs(half, name, rng):
     (contiguous or strided); x untouched."""
     dt = _half(half)
     fast, _ = FUNCS[name]
-    x0 = (rng.standard_normal((3, 1200, 1000)) * 3).astype(dt)
+    x0 = (rng.standard_normal((2, 1100, 1000)) * 3).astype(dt)
     x0[1, 2, :] = -np.inf
-    x0[2, :, 7] = np.nan
+    x0[0, :, 7] = np.nan
     views = {"C": x0, "F": np.asfortranarray(x0), "T": x0.transpose(2, 0, 1), "reversed": x0[::-1, :, ::-1],
              "sliced": x0[:, 1:-1, ::2]}
     for lay, x in views.items():
         snaps = snapshot(x)
+        with_out = True                       # out= on the first strided axis of each layout
         for axis in range(x.ndim):
             if x.strides[axis] == x.itemsize:
                 continue                      # rows read in place: test_half_in_place
@@ -347,9 +348,11 @@ def test_half_strided_axes_in_slabs(half, name, rng):
             same = fast(x.astype(np.float32), axis=axis).astype(dt)
             assert got.dtype == dt and got.shape == x.shape
             assert np.array_equal(got.view(np.uint16), same.view(np.uint16)), f"{name} {lay} axis={axis}"
-            out = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), dt)[..., ::2]
-            assert fast(x, axis=axis, out=out) is out
-            assert np.array_equal(out.view(np.uint16), same.view(np.uint16)), f"{name} {lay} axis={axis} out="
+            if with_out:
+                out = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), dt)[..., ::2]
+                assert fast(x, axis=axis, out=out) is out
+                assert np.array_equal(out.view(np.uint16), same.view(np.uint16)), f"{name} {lay} axis={axis} out="
+                with_out = False
         assert_unchanged((x,), snaps)
     row = (rng.standard_normal(2 ** 21 + 3) * 3).astype(dt)[::2]
     assert np.array_equal(fast(row).view(np.uint16), fast(row.astype(np.float32)).astype(dt).view(np.uint16))
