@@ -384,16 +384,19 @@ cdef object softmax_call(x, axis, out, num_threads, int log_mode, str fname):
         nthreads = _thread_resolver(num_threads)
     if half_in_place(xa, axis, ctype, otype):
         return softmax_half(xa, axis, out, log_mode, nthreads)
-    if (axis is not None and cnp.PyArray_SIZE(xa) > HALF_SLAB and otype != ctype and ctype == cnp.NPY_FLOAT
-            and (store_of(xa) == STORE_F16 or store_of(xa) == STORE_BF16)):
-        # a half-precision x along a strided axis: widened a slab at a time
-        ax = np.lib.array_utils.normalize_axis_index(operator.index(axis), xa.ndim) \
-            if not isinstance(axis, (bool, np.bool_)) and isinstance(axis, numbers.Integral) else -1
-        if ax >= 0:
+    if axis is not None:
+        if type(axis) is int and -xa.ndim <= axis < xa.ndim:
+            ax = axis % xa.ndim
+        else:
+            if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
+                raise TypeError(f"{fname}: axis must be an int or None, got {axis!r}")
+            ax = np.lib.array_utils.normalize_axis_index(operator.index(axis), xa.ndim)
+        if (cnp.PyArray_SIZE(xa) > HALF_SLAB and otype != ctype and ctype == cnp.NPY_FLOAT
+                and (store_of(xa) == STORE_F16 or store_of(xa) == STORE_BF16)):
+            # a half-precision x along a strided axis: widened a slab at a time
             if out is not None and behaved_array(<cnp.ndarray>out):
                 return softmax_half_slabs(xa, <cnp.ndarray>out, ax, log_mode, nthreads)
-            res = np.empty_like(xa, dtype=xa.dtype)
-            softmax_half_slabs(xa, res, ax, log_mode, nthreads)
+            res = softmax_half_slabs(xa, np.empty_like(xa, dtype=xa.dtype), ax, log_mode, nthreads)
             if out is not None:
                 out[...] = res
                 return out
@@ -406,12 +409,6 @@ cdef object softmax_call(x, axis, out, num_threads, int log_mode, str fname):
             softmax_forward(flat, res, log_mode, nthreads)
         res = res.reshape((<object>xa).shape)
     else:
-        if type(axis) is int and -xc.ndim <= axis < xc.ndim:
-            ax = axis % xc.ndim
-        else:
-            if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
-                raise TypeError(f"{fname}: axis must be an int or None, got {axis!r}")
-            ax = np.lib.array_utils.normalize_axis_index(operator.index(axis), xc.ndim)
         if out is not None and otype == ctype and behaved_array(<cnp.ndarray>out):
             # a caller's output bigger than the last-level cache: its lines are
             # not in the caches, so stores would first read each one
