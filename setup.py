@@ -192,7 +192,9 @@ class BuildExt(build_ext):
             omp_c, omp_l = [], []
         sanitize = []
         if os.environ.get("FASTATTN_SANITIZE", "") not in ("", "0"):
-            sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g", "-O1"]
+            # -g1: file, line and function in the reports (all they print), without the
+            # full debug information of -g (this build is CI's slowest compile)
+            sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g1", "-O1"]
         for ext in self.extensions:
             prefix = "fastattn._kernels._attn_"
             isa = ext.name[len(prefix):] if ext.name.startswith(prefix) else None
