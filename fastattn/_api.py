@@ -62,6 +62,7 @@ def _foreign_softmax(x, axis, out, num_threads, log_mode):
 _K.set_call_hooks(resolve_num_threads, _check_num_threads, _foreign_attention, _foreign_softmax)
 _K.set_varlen_hooks(_refuse_masked)
 _K.set_stream_min_bytes(_memory.stream_min_bytes())
+_K.set_prefetch_wide(_memory.prefetch_wide(_dispatch._cpu.cpu_vendor()))
 attention = _K.attention
 attention_backward = _K.attention_backward
 attention_varlen = _K.attention_varlen

@@ -140,6 +140,10 @@ def get_config() -> Dict[str, Any]:
     if mem is not None:
         cfg["last_level_cache_bytes"], _ = _try(mem.last_level_cache_bytes)
         cfg["stream_min_bytes"], _ = _try(mem.stream_min_bytes)
+        cpu, _ = _try(_import, "fastattn._kernels._cpu")
+        if cpu is not None and hasattr(mem, "prefetch_wide"):
+            vendor, _ = _try(cpu.cpu_vendor)
+            cfg["prefetch_wide"], _ = _try(mem.prefetch_wide, vendor or "")
 
     # ---- OpenMP runtimes actually loaded (threadpoolctl), after importing the kernels
     tpc, tpc_err = _try(_import, "threadpoolctl")
@@ -224,6 +228,10 @@ def _format(cfg: Dict[str, Any]) -> str:
                 else "softmax out= never written by streaming stores")
         env = " (FASTATTN_STREAM_MIN_BYTES)" if os.environ.get("FASTATTN_STREAM_MIN_BYTES") else ""
         add(f"  last-level cache    : {f'{llc >> 10} KiB' if llc else 'unknown'}; {rule}{env}")
+    if cfg.get("prefetch_wide") is not None:
+        env = " (FASTATTN_PREFETCH_WIDE)" if os.environ.get("FASTATTN_PREFETCH_WIDE", "").strip() else ""
+        add(f"  prefetch hints      : float32 / float64 rows of one-row decode units "
+            f"{'prefetched' if cfg['prefetch_wide'] else 'left to the hardware prefetchers'}{env}")
     add(f"CPU features          : {_fmt_features(cfg['cpu_features'])}")
     add("OpenMP")
     oe = cfg["openmp_enabled"]

@@ -19,7 +19,7 @@ import functools
 import os
 from typing import Optional
 
-__all__ = ["last_level_cache_bytes", "stream_min_bytes"]
+__all__ = ["last_level_cache_bytes", "stream_min_bytes", "prefetch_wide"]
 
 _SYSFS = "/sys/devices/system/cpu/cpu0/cache"
 
@@ -87,3 +87,22 @@ def stream_min_bytes() -> int:
         warnings.warn(f"FASTATTN_STREAM_MIN_BYTES={env!r} is not a non-negative integer; ignored",
                       RuntimeWarning, stacklevel=2)
     return last_level_cache_bytes() or 0
+
+
+def prefetch_wide(vendor: str) -> bool:
+    """Whether the one-row loops (a decode unit of one query row) issue software
+    prefetches for the float32 / float64 key and value rows they stream in place:
+    not on AMD CPUs (``vendor`` as CPUID spells it), whose hardware prefetchers
+    stream such rows alone -- on a Zen 3 the hints cost the one-thread float32
+    decode about a sixth of its speed -- and on every other CPU (the hints were
+    measured to help on Intel Xeon).  ``FASTATTN_PREFETCH_WIDE`` = ``1`` / ``0``
+    overrides.  Narrower storage types (float16, bfloat16, int8, float8,
+    QuantizedKV codes) and the loops of several rows always prefetch.  Results
+    never depend on it."""
+    env = os.environ.get("FASTATTN_PREFETCH_WIDE")
+    if env is not None and env.strip():
+        if env.strip() in ("0", "1"):
+            return env.strip() == "1"
+        import warnings
+        warnings.warn(f"FASTATTN_PREFETCH_WIDE={env!r} is not 0 or 1; ignored", RuntimeWarning, stacklevel=2)
+    return vendor != "AuthenticAMD"

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fastattn import _dispatch, _variants
@@ -164,3 +165,64 @@ def test_show_config_names_the_variant(capsys):
     assert f"variant in use      : {_dispatch.VARIANT}" in out
     table = {v.name: v for v in _variants.variants_for(None if _dispatch.ARCH == "other" else _dispatch.ARCH)}
     assert table[_dispatch.VARIANT].description in out
+
+
+def test_prefetch_wide_by_vendor_and_environment(monkeypatch):
+    """The one-row loops prefetch float32 / float64 rows except on AMD CPUs; FASTATTN_PREFETCH_WIDE
+    = 0 / 1 overrides, anything else warns and is ignored; show_config says which."""
+    import io
+
+    import fastattn
+    from fastattn import _memory
+
+    monkeypatch.delenv("FASTATTN_PREFETCH_WIDE", raising=False)
+    assert _memory.prefetch_wide("AuthenticAMD") is False
+    assert _memory.prefetch_wide("GenuineIntel") is True and _memory.prefetch_wide("") is True
+    monkeypatch.setenv("FASTATTN_PREFETCH_WIDE", " 1 ")
+    assert _memory.prefetch_wide("AuthenticAMD") is True
+    monkeypatch.setenv("FASTATTN_PREFETCH_WIDE", "0")
+    assert _memory.prefetch_wide("GenuineIntel") is False
+    out = fastattn.show_config(file=io.StringIO())
+    assert "left to the hardware prefetchers (FASTATTN_PREFETCH_WIDE)" in out
+    for bad in ("2", "yes", "on", "-1"):
+        monkeypatch.setenv("FASTATTN_PREFETCH_WIDE", bad)
+        with pytest.warns(RuntimeWarning, match="FASTATTN_PREFETCH_WIDE"):
+            assert _memory.prefetch_wide("AuthenticAMD") is False
+    monkeypatch.delenv("FASTATTN_PREFETCH_WIDE")
+    want = "prefetched" if _cpu.cpu_vendor() != "AuthenticAMD" else "left to the hardware prefetchers"
+    assert f"one-row decode units {want}\n" in fastattn.show_config(file=io.StringIO())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_prefetch_hints_never_change_a_result(dtype):
+    """The same bits with and without the float32 / float64 row prefetch hints: decode
+    (one row per head, D a multiple of the vector and not), grouped-query rows, draft
+    rows, a paged decode, one and two threads; the setting is restored."""
+    import fastattn
+
+    K = _dispatch.kernels
+    rng = np.random.default_rng(20261204)
+    cases = []
+    for hq, hkv, lq, d in ((4, 4, 1, 128), (4, 4, 1, 40), (8, 2, 1, 64), (4, 2, 3, 64)):
+        q = rng.standard_normal((2, hq, lq, d)).astype(dtype)
+        k = rng.standard_normal((2, hkv, 777, d)).astype(dtype)
+        v = rng.standard_normal((2, hkv, 777, d)).astype(dtype)
+        cases.append(lambda nt, q=q, k=k, v=v: fastattn.attention(q, k, v, num_threads=nt))
+    kc = rng.standard_normal((40, 2, 16, 64)).astype(dtype)
+    vc = rng.standard_normal((40, 2, 16, 64)).astype(dtype)
+    table = rng.permutation(40).reshape(2, 20)
+    lens = np.array([300, 317])
+    qp = rng.standard_normal((2, 8, 1, 64)).astype(dtype)
+    cases.append(lambda nt: fastattn.attention_paged(qp, kc, vc, table, lens, num_threads=nt))
+    prev = K.set_prefetch_wide(True)
+    try:
+        for f in cases:
+            for nt in (1, 2):
+                on = f(nt)
+                assert K.set_prefetch_wide(False) is True
+                off = f(nt)
+                assert K.set_prefetch_wide(True) is False
+                np.testing.assert_array_equal(on, off)
+                assert np.isfinite(on).all()
+    finally:
+        K.set_prefetch_wide(prev)

@@ -32,6 +32,16 @@ def set_stream_min_bytes(nbytes):
     return prev
 
 
+def set_prefetch_wide(on):
+    """Software prefetch of float32 / float64 key and value rows read in place
+    (simd.h's fa_pf_wide): on when on is true.  Results never depend on it.
+    Returns the previous setting."""
+    global fa_pf_wide
+    prev = bool(fa_pf_wide)
+    fa_pf_wide = 1 if on else 0
+    return prev
+
+
 def set_call_hooks(resolver, checker, foreign_attention, foreign_softmax):
     """The Python functions the argument path calls out to (see fastattn._api)."""
     global _thread_resolver, _check_num_threads, _foreign_attention, _foreign_softmax

@@ -22,6 +22,7 @@ cdef extern from "simd.h" nogil:
     #endif
     """
     const char *FA_ISA
+    int fa_pf_wide
     enum:
         FA_VBYTES
         FA_QVEC_MR

@@ -300,7 +300,7 @@ static inline void FA_SSFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, 
          * Only for a unit of one row: a row's scores are otherwise the same for
          * any number of rows in the unit */
         for (int64_t j = 0; j < n; j++) {
-            FA_SSFX(fa_prefetch_s)(k + (j + pf) * ksr, D);
+            FA_SSFX(fa_prefetch_row1_s)(k + (j + pf) * ksr, D);
             s[j] = FA_SSFX(fa_dot)(qp, k + j * ksr, D);
         }
         return;
@@ -359,19 +359,19 @@ FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, 
     for (; i < both; i++) {
         const FA_V w = FA_SFX(fa_set1)(p[k0 + i]);
         const FA_S *vr = vv + (k0 + i) * ldv;
-        if (prefetch) FA_SSFX(fa_prefetch_s)(vr + pfv * ldv, NB * FA_W);
-        FA_SSFX(fa_prefetch_s)(kn + (i + pfk) * ksr, D);
+        if (prefetch) FA_SSFX(fa_prefetch_row1_s)(vr + pfv * ldv, NB * FA_W);
+        FA_SSFX(fa_prefetch_row1_s)(kn + (i + pfk) * ksr, D);
         FA_SSFX(fa_pv1_axpy)(a, w, vr, NB);
         sn[i] = FA_SSFX(fa_dot)(qp, kn + i * ksr, D);
     }
     for (; i < nv; i++) {
         const FA_V w = FA_SFX(fa_set1)(p[k0 + i]);
         const FA_S *vr = vv + (k0 + i) * ldv;
-        if (prefetch) FA_SSFX(fa_prefetch_s)(vr + pfv * ldv, NB * FA_W);
+        if (prefetch) FA_SSFX(fa_prefetch_row1_s)(vr + pfv * ldv, NB * FA_W);
         FA_SSFX(fa_pv1_axpy)(a, w, vr, NB);
     }
     for (; i < nk; i++) {
-        FA_SSFX(fa_prefetch_s)(kn + (i + pfk) * ksr, D);
+        FA_SSFX(fa_prefetch_row1_s)(kn + (i + pfk) * ksr, D);
         sn[i] = FA_SSFX(fa_dot)(qp, kn + i * ksr, D);
     }
     FA_UNROLL for (int u = 0; u < NB; u++)

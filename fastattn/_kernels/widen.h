@@ -221,6 +221,13 @@ static inline void FA_SSFX(fa_prefetch_s)(const FA_S *p, int64_t n)
     fa_prefetch_bytes(p, n * (int64_t)sizeof(FA_S));
 }
 
+/* the hints of the one-row loops (a decode unit of one query row: fa_qk_rows'
+ * single row, fa_pv1_qk_pass): float32 / float64 rows only where fa_pf_wide */
+static inline void FA_SSFX(fa_prefetch_row1_s)(const FA_S *p, int64_t n)
+{
+    if (sizeof(FA_S) < 4 || fa_pf_wide) fa_prefetch_bytes(p, n * (int64_t)sizeof(FA_S));
+}
+
 static inline int64_t FA_SSFX(fa_pf_rows_s)(int64_t row_elems)
 {
     return fa_pf_rows_bytes(row_elems * (int64_t)sizeof(FA_S));
