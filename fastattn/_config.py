@@ -140,8 +140,7 @@ def get_config() -> Dict[str, Any]:
     if mem is not None:
         cfg["last_level_cache_bytes"], _ = _try(mem.last_level_cache_bytes)
         cfg["stream_min_bytes"], _ = _try(mem.stream_min_bytes)
-        cpu, _ = _try(_import, "fastattn._kernels._cpu")
-        if cpu is not None and hasattr(mem, "prefetch_wide"):
+        if cpu is not None and hasattr(mem, "prefetch_wide"):      # cpu: the helper module above
             vendor, _ = _try(cpu.cpu_vendor)
             cfg["prefetch_wide"], _ = _try(mem.prefetch_wide, vendor or "")
 

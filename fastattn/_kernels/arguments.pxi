@@ -33,9 +33,9 @@ def set_stream_min_bytes(nbytes):
 
 
 def set_prefetch_wide(on):
-    """Software prefetch of float32 / float64 key and value rows read in place
-    (simd.h's fa_pf_wide): on when on is true.  Results never depend on it.
-    Returns the previous setting."""
+    """Software prefetch of the float32 / float64 key and value rows that the
+    one-row decode loops read in place (simd.h's fa_pf_wide): on when on is
+    true.  Results never depend on it.  Returns the previous setting."""
     global fa_pf_wide
     prev = bool(fa_pf_wide)
     fa_pf_wide = 1 if on else 0

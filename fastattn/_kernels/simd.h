@@ -136,16 +136,13 @@ static inline void fa_prefetch_l2_bytes(const void *p, int64_t nbytes)
 
 /* Software prefetch of the key and value rows of 4- and 8-byte elements (float32,
  * float64) that the one-row loops (decode units of one query row) read in place:
- * 1 on, 0 off.  Set once at
- * import (fastattn._memory.prefetch_wide: off on AMD CPUs, on elsewhere,
+ * 1 on, 0 off (fa_prefetch_row1_s, widen.h).  Set once at import from
+ * fastattn._memory.prefetch_wide (off on AMD CPUs, on elsewhere;
  * FASTATTN_PREFETCH_WIDE overrides).  On a 2-vCPU Zen 3 the hardware prefetchers
- * stream such rows alone: the MHA float32 decode (B1 H32 Lk4096 D128) ran 1.2x
- * faster on one thread without the hints (9.4 -> 7.7 ms, medians of six
- * alternating rounds; two threads 5.7 -> 5.4), and this module's own read loop
- * lost 15-25 % of its bandwidth to them.  Narrower types (float16, int8, float8)
- * were slower without them, and so was the paged grouped-query decode when every
- * float32 stream went without (its runs end every block): they keep theirs,
- * as do the loops of several rows.  Never changes a result. */
+ * stream such rows alone and the float32 decode ran ~1.2x faster on one thread
+ * without the hints; narrower types and the loops of several rows keep theirs
+ * (figures: docs/performance.rst, "Software prefetch of float32 rows on AMD").
+ * Never changes a result. */
 static int fa_pf_wide __attribute__((unused)) = 1;
 
 static inline int64_t fa_pf_rows_bytes(int64_t bytes)
