@@ -112,6 +112,9 @@ static inline void fa_stream_fence(void) {}
  * (l and Ot grow by at most that factor) and most tiles skip the Ot rescale */
 #  define FA_RESCALE_SLACK 4
 #endif
+#ifndef FA_IN_REG
+#  define FA_IN_REG(v) ((void)0)    /* the target's register hint (isa/x86_avx2.h) */
+#endif
 #ifndef FA_PF_LOC
 #  define FA_PF_LOC 3        /* __builtin_prefetch locality: 3 = prefetcht0 */
 #endif

@@ -186,9 +186,10 @@ static inline int FA_SSFX(fa_pack_rows)(const FA_S *src, int64_t sr, int64_t n, 
  * of pair b * W + x = (i, u) -- pair i*G + u -- in fa_hsum's order, so a score
  * does not depend on R or on the key's place in the group.  Stores the first
  * nrow rows' scores of the first nk keys (s rows lds apart); keys past nk are not
- * read.  pf != 0: while a key vector is read, the same vector pf rows further on
- * is requested (the keys stream from memory: one request per load, spread evenly
- * over the pass). */
+ * read.  pf != 0: the keys stream from memory, and the same part of the key
+ * rows pf rows further on is requested: per 64-byte line where the storage type
+ * takes the line-by-line loop (fa_line_vecs_s: float16), else per key vector.
+ * In that loop the query vectors are held in registers (FA_IN_REG). */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_S *kg, int64_t ksr,
                    int nk, int64_t pf, FA_T *s, int64_t lds)
@@ -214,11 +215,31 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
                     if (u < nk) r[i * G + u] += qv * kv[u][h];
             }
     }
+    /* a 64-byte line of each key row at a time (VL vectors; the lines of the
+     * rows' starts), one prefetch per line */
+    const int VL = FA_SSFX(fa_line_vecs_s)();
+    for (; VL > 1 && d + VL * FA_W <= D; d += VL * FA_W) {
+        if (pf)
+            FA_UNROLL for (int u = 0; u < G; u++)
+                if (u < nk) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
+        FA_UNROLL for (int h = 0; h < VL; h++) {
+            FA_V kv[FA_QK_PAIRS];
+            FA_UNROLL for (int u = 0; u < G; u++)
+                if (u < nk) kv[u] = FA_SSFX(fa_load_raw_s)(kg + u * ksr + d + h * FA_W);
+            FA_UNROLL for (int i = 0; i < R; i++) {
+                FA_V qv = FA_SFX(fa_load)(qp + i * ldq + d + h * FA_W);
+                if (G > 1) FA_IN_REG(qv);
+                FA_UNROLL for (int u = 0; u < G; u++)
+                    if (u < nk) r[i * G + u] += qv * kv[u];
+            }
+        }
+    }
     for (; d + FA_W <= D; d += FA_W) {
         FA_V kv[FA_QK_PAIRS];
+        const int pfd = pf && (VL == 1 || FA_SSFX(fa_line_start_s)(d));
         FA_UNROLL for (int u = 0; u < G; u++)
             if (u < nk) {
-                if (pf) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
+                if (pfd) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
                 kv[u] = FA_SSFX(fa_load_raw_s)(kg + u * ksr + d);
             }
         FA_UNROLL for (int i = 0; i < R; i++) {

@@ -228,6 +228,28 @@ static inline void FA_SSFX(fa_prefetch_row1_s)(const FA_S *p, int64_t n)
     if (sizeof(FA_S) < 4 || fa_pf_wide) fa_prefetch_bytes(p, n * (int64_t)sizeof(FA_S));
 }
 
+/* element d of a row starts a 64-byte line (relative to the row's start) */
+static inline int FA_SSFX(fa_line_start_s)(int64_t d)
+{
+    return (d * (int64_t)sizeof(FA_S)) % 64 == 0;
+}
+
+/* vectors of FA_W elements in a 64-byte line for fa_qk_pass' line-by-line loop
+ * (one prefetch per line, query vectors held in registers), taken by float16
+ * keys; 1 (the loop of one vector, one prefetch per vector) for the others.  A
+ * GQA group of 4 on one Zen 3 thread, alternating builds: float16 keys 1.2x
+ * faster in L3 and 1.1-1.3x from memory; float32 8 % faster in L3 but up to
+ * 10 % slower from memory, bfloat16 up to 5 % slower, float8 (its two-vector
+ * loop) 5-10 % slower (docs/performance.rst) */
+static inline __attribute__((always_inline)) int FA_SSFX(fa_line_vecs_s)(void)
+{
+#if FA_S_F16
+    return 64 / (FA_W * (int)sizeof(FA_S)) > 1 ? 64 / (FA_W * (int)sizeof(FA_S)) : 1;
+#else
+    return 1;
+#endif
+}
+
 static inline int64_t FA_SSFX(fa_pf_rows_s)(int64_t row_elems)
 {
     return fa_pf_rows_bytes(row_elems * (int64_t)sizeof(FA_S));

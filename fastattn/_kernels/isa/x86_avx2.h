@@ -23,6 +23,12 @@
 #define FA_QVEC_MR2 6
 #define FA_QVEC_MR1 8
 
+/* v stays in a register for its uses: GCC otherwise folds the load of a query
+ * vector into each FMA that uses it as a memory operand, one load per key
+ * (fa_qk_pass' line-by-line loop, a GQA group of 4: 10 loads and 2 prefetches
+ * per 8 FMAs, the load ports the bound; with the query vectors held, 6) */
+#define FA_IN_REG(v) __asm__("" : "+x"(v))
+
 #include <immintrin.h>
 #include "portable.h"
 
