@@ -450,7 +450,8 @@ static inline void FA_SSFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, c
         int64_t pfn = i0 == 0 ? nvec * FA_W : 0;
 #if FA_PV_MR < 4 && (FA_PV_MR == 3 || !defined(FA_S_NATIVE))
         if (nr - i0 == 4) {
-            /* four rows left (a GQA group of 4) on a target of 2- or 3-row blocks:
+            /* four rows left (a GQA group of 4; the last 4 of 7, 10 or 13 rows) on a
+             * target of 2- or 3-row blocks:
              * one block of 4 rows, each value vector read (and widened) once for the
              * four, not again by another block (3 + 1, 2 + 2).  Narrower storage
              * types: 4 x 2 vectors.  Native values on AVX2 (3-row blocks): 4 x 3 (12

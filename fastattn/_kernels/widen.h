@@ -238,8 +238,8 @@ static inline int FA_SSFX(fa_line_start_s)(int64_t d)
  * (one prefetch per line, query vectors held in registers), taken by float16
  * keys; 1 (the loop of one vector, one prefetch per vector) for the others.  A
  * GQA group of 4 on one Zen 3 thread, alternating builds: float16 keys 1.2x
- * faster in L3 and 1.1-1.3x from memory; float32 8 % faster in L3 but up to
- * 10 % slower from memory, bfloat16 up to 5 % slower, float8 (its two-vector
+ * faster in L3 and ~1.1x from memory; float32 8 % faster in L3 but slower from
+ * memory (5 of 6 pairs), bfloat16 up to 5 % slower, float8 (its two-vector
  * loop) 5-10 % slower (docs/performance.rst) */
 static inline __attribute__((always_inline)) int FA_SSFX(fa_line_vecs_s)(void)
 {

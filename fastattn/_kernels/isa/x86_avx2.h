@@ -25,8 +25,9 @@
 
 /* v stays in a register for its uses: GCC otherwise folds the load of a query
  * vector into each FMA that uses it as a memory operand, one load per key
- * (fa_qk_pass' line-by-line loop, a GQA group of 4: 10 loads and 2 prefetches
- * per 8 FMAs, the load ports the bound; with the query vectors held, 6) */
+ * (fa_qk_pass, a GQA group of 4: 10 loads per 8 FMAs, the load ports the bound;
+ * with the query vectors held, 6).  Used by the line-by-line loop that float16
+ * keys take (widen.h, fa_line_vecs_s: the measured types) */
 #define FA_IN_REG(v) __asm__("" : "+x"(v))
 
 #include <immintrin.h>
