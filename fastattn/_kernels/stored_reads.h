@@ -448,29 +448,20 @@ static inline void FA_SSFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, c
         const FA_T *pi = p + i0 * ldp;
         FA_T *oi = o + i0 * ldo;
         int64_t pfn = i0 == 0 ? nvec * FA_W : 0;
-#if FA_PV_MR < 4 && (FA_PV_MR == 3 || !defined(FA_S_NATIVE))
+#if FA_PV_MR < 4 && !defined(FA_S_NATIVE)
         if (nr - i0 == 4) {
-            /* four rows left (a GQA group of 4; the last 4 of 7, 10 or 13 rows) on a
-             * target of 2- or 3-row blocks:
-             * one block of 4 rows, each value vector read (and widened) once for the
-             * four, not again by another block (3 + 1, 2 + 2).  Narrower storage
-             * types: 4 x 2 vectors.  Native values on AVX2 (3-row blocks): 4 x 3 (12
-             * accumulators, 3 values and the broadcast in the 16 registers): the
-             * float32 GQA decode with keys in L3 1.03-1.05x faster on one Zen 3
-             * thread, alternating builds, level from memory (4 x 2, measured
-             * before, was slower than 3 + 1: twice the passes over the keys).  Per
-             * element the same two-level sums, so the same bits as 3 + 1 */
-#ifdef FA_S_NATIVE
-            const int nb = 3;
-#else
-            const int nb = 2;
-#endif
+            /* four rows left (a GQA group of 4) on a 3-row target, values widened from a
+             * narrower storage type: one block of 4 rows x 2 vectors, each value vector
+             * widened once for the four (3 + 1 widened it twice); per element the same
+             * two-level sums, so the same bits.  Native values keep 3 + 1: their loads
+             * are free, and 4 x 2 makes twice the passes over the keys (float32 GQA
+             * decode 6.0-6.2 -> 6.7-7.1 ms on one Zen 3 thread); 4 x 3 was 1.04x
+             * faster with the keys in L3 but ~5 % slower from memory on one thread
+             * and ~10 % on two (docs/performance.rst) */
             int64_t c = 0;
-            for (; c + nb <= nvec; c += nb, pfn = 0)
-                FA_SSFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, 4, nb, pf, pfn);
-            if (nvec - c == 2)
+            for (; c + 2 <= nvec; c += 2, pfn = 0)
                 FA_SSFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, 4, 2, pf, pfn);
-            else if (nvec - c == 1)
+            if (c < nvec)
                 FA_SSFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, 4, 1, pf, pfn);
             i0 += 4;
             continue;
