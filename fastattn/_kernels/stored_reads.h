@@ -177,6 +177,30 @@ static inline int FA_SSFX(fa_pack_rows)(const FA_S *src, int64_t sr, int64_t n, 
 
 /* fa_qk_rows takes the rows in blocks of at most this many (a power of two) */
 #define FA_QKR_MAX (FA_QK_PAIRS < 8 ? FA_QK_PAIRS : 8)
+/* One step of fa_qk_pass: the vector at element d of each of the group's keys
+ * (u < nk), times each row's query vector at d, into the (row, key)
+ * accumulators r; pfd != 0: each key row's element d pfd rows further on is
+ * requested; hold: the query vectors are held in registers (FA_IN_REG) rather
+ * than folded into the FMAs as memory operands. */
+static inline __attribute__((always_inline)) void
+FA_SSFX(fa_qk_step)(const FA_T *qp, int64_t ldq, const int R, int nk, const FA_S *kg, int64_t ksr, int64_t d,
+                   int64_t pfd, const int hold, FA_V *r)
+{
+    const int G = FA_QK_PAIRS / R;
+    FA_V kv[FA_QK_PAIRS];
+    FA_UNROLL for (int u = 0; u < G; u++)
+        if (u < nk) {
+            if (pfd) __builtin_prefetch(kg + (u + pfd) * ksr + d, 0, FA_PF_LOC);
+            kv[u] = FA_SSFX(fa_load_raw_s)(kg + u * ksr + d);
+        }
+    FA_UNROLL for (int i = 0; i < R; i++) {
+        FA_V qv = FA_SFX(fa_load)(qp + i * ldq + d);
+        if (hold) FA_IN_REG(qv);
+        FA_UNROLL for (int u = 0; u < G; u++)
+            if (u < nk) r[i * G + u] += qv * kv[u];
+    }
+}
+
 /* Scores of R query rows (R a power of two <= FA_QKR_MAX) with G = FA_QK_PAIRS /
  * R keys, kg's rows ksr apart, in one pass over the keys: one accumulator per
  * (row, key) pair, so FA_QK_PAIRS independent FMA chains (the target's choice:
@@ -216,38 +240,13 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
             }
     }
     /* a 64-byte line of each key row at a time (VL vectors; the lines of the
-     * rows' starts), one prefetch per line */
+     * rows' starts), one prefetch per line, the query vectors held */
     const int VL = FA_SSFX(fa_line_vecs_s)();
-    for (; VL > 1 && d + VL * FA_W <= D; d += VL * FA_W) {
-        if (pf)
-            FA_UNROLL for (int u = 0; u < G; u++)
-                if (u < nk) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
-        FA_UNROLL for (int h = 0; h < VL; h++) {
-            FA_V kv[FA_QK_PAIRS];
-            FA_UNROLL for (int u = 0; u < G; u++)
-                if (u < nk) kv[u] = FA_SSFX(fa_load_raw_s)(kg + u * ksr + d + h * FA_W);
-            FA_UNROLL for (int i = 0; i < R; i++) {
-                FA_V qv = FA_SFX(fa_load)(qp + i * ldq + d + h * FA_W);
-                if (G > 1) FA_IN_REG(qv);
-                FA_UNROLL for (int u = 0; u < G; u++)
-                    if (u < nk) r[i * G + u] += qv * kv[u];
-            }
-        }
-    }
-    for (; d + FA_W <= D; d += FA_W) {
-        FA_V kv[FA_QK_PAIRS];
-        const int pfd = pf && (VL == 1 || FA_SSFX(fa_line_start_s)(d));
-        FA_UNROLL for (int u = 0; u < G; u++)
-            if (u < nk) {
-                if (pfd) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
-                kv[u] = FA_SSFX(fa_load_raw_s)(kg + u * ksr + d);
-            }
-        FA_UNROLL for (int i = 0; i < R; i++) {
-            const FA_V qv = FA_SFX(fa_load)(qp + i * ldq + d);
-            FA_UNROLL for (int u = 0; u < G; u++)
-                if (u < nk) r[i * G + u] += qv * kv[u];
-        }
-    }
+    for (; VL > 1 && d + VL * FA_W <= D; d += VL * FA_W)
+        FA_UNROLL for (int h = 0; h < VL; h++)
+            FA_SSFX(fa_qk_step)(qp, ldq, R, nk, kg, ksr, d + h * FA_W, h == 0 ? pf : 0, G > 1, r);
+    for (; d + FA_W <= D; d += FA_W)
+        FA_SSFX(fa_qk_step)(qp, ldq, R, nk, kg, ksr, d, VL == 1 || FA_SSFX(fa_line_start_s)(d) ? pf : 0, 0, r);
     if (d < D) {
         FA_V kv[FA_QK_PAIRS];
         FA_UNROLL for (int u = 0; u < G; u++)
