@@ -300,3 +300,40 @@ def test_torch_query_with_a_quantized_cache():
     got = fastattn.attention(torch.from_numpy(q), c, c)
     assert isinstance(got, torch.Tensor)
     check(got.numpy(), reference.attention(q, c, c))
+
+
+def test_replaced_fields_checked_against_shape():
+    """A field replaced after construction that no longer matches ``shape`` (a
+    smaller data buffer, bits changed, a group size that does not divide D) is
+    refused before any read -- a smaller buffer would be read past its end."""
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((1, 2, 1, 32)).astype(np.float32)
+    f = rng.standard_normal((1, 2, 9, 32)).astype(np.float32)
+    c = quantized(rng, (1, 2, 9, 32), 8, 32)
+    c.data = c.data[:, :, :4]
+    with pytest.raises(ValueError, match=r"k\.data has shape"):
+        fastattn.attention(q, c, f)
+    c = quantized(rng, (1, 2, 9, 32), 8, 32)
+    c.bits = 4
+    with pytest.raises(ValueError, match=r"v\.data has shape"):
+        fastattn.attention(q, f, c)
+    c = quantized(rng, (1, 2, 9, 32), 8, 32)
+    c.group_size = 5
+    with pytest.raises(ValueError, match=r"k\.group_size"):
+        fastattn.attention(q, c, f)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_empty_cache(bits):
+    """Lk = 0 (a size-0 array's strides may all be 0): out 0, lse -inf, or the sink."""
+    rng = np.random.default_rng(12)
+    q = rng.standard_normal((2, 4, 3, 64)).astype(np.float32)
+    for c in (quantize_kv(np.zeros((2, 4, 0, 64), np.float32), bits=bits),
+              QuantizedKV(np.zeros((2, 4, 0, 64 // (8 // bits)), np.uint8), np.zeros((2, 4, 0, 1), np.float32),
+                          np.zeros((2, 4, 0, 1), np.float32), bits=bits, group_size=64)):
+        out, lse = fastattn.attention(q, c, c, return_lse=True)
+        assert out.shape == q.shape and not out.any() and np.all(lse == -np.inf)
+        sinks = np.linspace(-1, 1, 4).astype(np.float32)
+        out, lse = fastattn.attention(q, c, c, sinks=sinks, return_lse=True)
+        assert not out.any()
+        np.testing.assert_array_equal(lse, np.broadcast_to(sinks[:, None], lse.shape))

@@ -588,7 +588,15 @@ cdef cnp.ndarray qkv_stand_in(x, str name):
     if type(data) is not cnp.ndarray or data.dtype != np.uint8 or x.bits not in (4, 8):
         raise TypeError(f"{name}: a QuantizedKV with uint8 data and bits 4 or 8 expected, got data of type "
                         f"{type(data).__name__}, bits {x.bits!r}")
-    if data.shape[data.ndim - 1] > 1 and data.strides[data.ndim - 1] != 1:
+    if len(shape) < 2 or D < 0 or (x.bits == 4 and D % 2):
+        raise ValueError(f"{name}.shape must be (..., L, D) with D even for 4 bits, got {shape} ({x.bits} bits)")
+    want_data = shape if x.bits == 8 else shape[:len(shape) - 1] + (D // 2,)
+    if tuple(data.shape) != want_data:
+        raise ValueError(f"{name}.data has shape {data.shape}, expected {want_data} for a {x.bits}-bit QuantizedKV "
+                         f"of shape {shape}")
+    if type(G) is not int or G < 1 or (D and (D % G or (x.bits == 4 and G % 2))):
+        raise ValueError(f"{name}.group_size must be a positive int dividing D = {D} (even for 4 bits), got {G!r}")
+    if data.size and data.shape[data.ndim - 1] > 1 and data.strides[data.ndim - 1] != 1:
         raise ValueError(f"{name}.data must have contiguous rows (stride 1 along its last axis, the kernels "
                          f"read the codes in place), got strides {data.strides}")
     want = shape[:len(shape) - 1] + (D // G if D else 0,)
