@@ -303,3 +303,20 @@ def test_sdpa_refuses_masked_attn_mask(rng):
     m = np.ma.masked_array(np.ones((3, 3), bool), mask=np.eye(3, dtype=bool))
     with pytest.raises(TypeError, match="attn_mask"):
         fastattn.scaled_dot_product_attention(q, q, q, attn_mask=m)
+
+
+def test_backward_zero_d_sinks_and_bias(rng):
+    """A 0-d sinks (one sink for every head) or bias: the gradient is 0-d too,
+    the sum over everything it was broadcast to."""
+    q, k, v = (rng.standard_normal((2, 4, 5, 32)).astype(np.float32) for _ in range(3))
+    g = rng.standard_normal((2, 4, 5, 32)).astype(np.float32)
+    s = np.float32(0.5)
+    out, lse = fastattn.attention(q, k, v, sinks=s, return_lse=True)
+    got = fastattn.attention_backward(g, q, k, v, out, lse, sinks=s, return_dsinks=True)[3]
+    want = R.attention_backward(g, q, k, v, out, lse, sinks=s, return_dsinks=True)[3]
+    assert np.shape(got) == () and abs(float(got) - float(want)) <= 1e-4 * max(1.0, abs(float(want)))
+    b = np.float32(0.1)
+    out, lse = fastattn.attention(q, k, v, bias=b, return_lse=True)
+    got = fastattn.attention_backward(g, q, k, v, out, lse, bias=b, return_dbias=True)[3]
+    want = R.attention_backward(g, q, k, v, out, lse, bias=b, return_dbias=True)[3]
+    assert np.shape(got) == () and abs(float(got) - float(want)) <= 1e-4 * max(1.0, abs(float(want)))

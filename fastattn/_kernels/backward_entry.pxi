@@ -27,7 +27,7 @@ cdef object sum_to_shape(cnp.ndarray x, tuple shape):
     """x summed over the dims that were broadcast from shape (NumPy rules)."""
     cdef int lead = x.ndim - len(shape)
     if lead:
-        x = x.sum(axis=tuple(range(lead)))
+        x = np.asarray(x.sum(axis=tuple(range(lead))))     # to a 0-d shape: a NumPy scalar
     axes = tuple(d for d, n in enumerate(shape) if n == 1 and x.shape[d] != 1)
     if axes:
         x = x.sum(axis=axes, keepdims=True)
