@@ -73,6 +73,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without dask
                       "(or pip install 'dask[array]')") from exc
 
 from . import _api
+from ._quantized import QuantizedKV
 from ._chunk_attention import (PairOptions, batch_shape, check_lengths, head_groups,
                                pair_attention, rescale_weights, task_threads)
 
@@ -475,6 +476,11 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, bias=None, window
     if out is not None:
         raise TypeError("out= is not supported for Dask arrays: the result is lazy "
                         "(write it with dask.array.store(result, out))")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if isinstance(x, QuantizedKV):
+            raise TypeError(f"fastattn.dask.attention: {name} is a fastattn.QuantizedKV, which the Dask wrapper "
+                            f"does not take (fastattn.attention and fastattn.attention_paged read QuantizedKV "
+                            f"caches)")
     q, k, v = _as_dask(q, "q"), _as_dask(k, "k"), _as_dask(v, "v")
     _check_shapes(q, k, v)
     cdt = _api._compute_dtype(q.dtype, k.dtype, v.dtype)

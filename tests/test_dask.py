@@ -440,3 +440,18 @@ def test_softmax_along_chunked_and_unchunked_axes(client):
     _check(fdask.log_softmax(i, axis=0).compute(), fastattn.log_softmax(np.arange(12), axis=0))
     layers = fdask.softmax(da.from_array(x, chunks=(6, 10, 7)), axis=1).__dask_graph__().layers
     assert any("stats" in name for name in layers)
+
+
+def test_quantized_kv_refused_naming_the_argument():
+    """A QuantizedKV k or v (read in place only by fastattn.attention /
+    attention_paged on NumPy q) raises TypeError naming it, also when
+    fastattn.attention hands a Dask q to the wrapper."""
+    rng = np.random.default_rng(3)
+    q = da.from_array(rng.standard_normal((1, 4, 3, 32)).astype(np.float32))
+    c = fastattn.quantize_kv(rng.standard_normal((1, 4, 9, 32)).astype(np.float32))
+    v = rng.standard_normal((1, 4, 9, 32)).astype(np.float32)
+    for f in (fastattn.dask.attention, fastattn.attention):
+        with pytest.raises(TypeError, match="k is a fastattn.QuantizedKV"):
+            f(q, c, v)
+        with pytest.raises(TypeError, match="v is a fastattn.QuantizedKV"):
+            f(q, v, c)
