@@ -42,8 +42,7 @@ def _foreign_attention(q, k, v, options):
         return _lazy.call("attention", (q, k, v), options)
     if any_torch_tensor(q, k, v, *options.values()):
         return torch_attention(q, k, v, **options)
-    _refuse_masked((("q", q), ("k", k), ("v", v), ("bias", options["bias"]), ("mask", options["mask"]),
-                    ("sinks", options.get("sinks"))))
+    _refuse_masked((("q", q), ("k", k), ("v", v)) + tuple(options.items()))
     return NotImplemented
 
 
@@ -81,6 +80,7 @@ def _is_bfloat16(a):
 
 
 def _as_array(x, name):
+    _refuse_masked(((name, x),))
     a = np.asarray(x)
     kind = a.dtype.kind
     if kind not in "fiub" and not _is_bfloat16(a):

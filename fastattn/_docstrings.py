@@ -74,15 +74,18 @@ alibi_slopes : array_like, broadcastable to the batch dims, optional
     ALiBi: adds ``-slope * |p(i) - j|`` to each score (shape ``(H,)`` or
     ``(B, H)``).
 k_scale : array_like, optional
-    Scales of an integer (int8) ``k``: the keys the kernels see are
+    Scales of an integer (int8) or float8 (``ml_dtypes.float8_e4m3fn`` /
+    ``float8_e5m2``) ``k``: the keys the kernels see are
     ``k.astype(float32) * k_scale``.  Broadcastable either to
     ``k.shape[:-1] + (1,)`` (per tensor, per head or per key) or to
-    ``k.shape[:-2] + (1, Dk)`` (per channel); finite.  int8 keys with a
-    float32 (or half-precision) query are read in place and the scale is
-    applied in the kernels; other integer keys are converted with the scale
-    folded in.
+    ``k.shape[:-2] + (1, Dk)`` (per channel); finite.  int8 and float8 keys
+    with a float32 (or half-precision) query are read in place and the scale
+    is applied in the kernels; other integer keys are converted with the
+    scale folded in.  Not for a :class:`fastattn.QuantizedKV` (it carries
+    its own scales).
 v_scale : array_like, optional
-    The same for an integer ``v`` (per key, or per channel ``(..., 1, Dv)``).
+    The same for an integer or float8 ``v`` (per key, or per channel
+    ``(..., 1, Dv)``).
 sinks : array_like, broadcastable to the batch dims, optional
     Attention sinks (gpt-oss, StreamingLLM): one extra logit per query row,
     equal to its sink -- not scaled, soft-capped, biased or masked -- that
@@ -131,7 +134,7 @@ Raises
 TypeError
     An array of a complex, object, string, bytes or datetime dtype; a
     ``mask`` that is not boolean; ``kv_lengths`` or ``kv_start`` that are
-    not integers; an ``align`` that is not a string; ``k_scale`` / ``v_scale`` given for a non-integer ``k`` / ``v``;
+    not integers; an ``align`` that is not a string; ``k_scale`` / ``v_scale`` given for a ``k`` / ``v`` that is neither integer nor float8;
     ``scale``, ``softcap``, ``window`` or ``causal`` of the wrong type; ``out``
     that is not an ndarray or has the wrong dtype (byte order included);
     ``num_threads`` that is not an int; an option passed positionally.
@@ -661,7 +664,8 @@ k_cache : array_like, shape (num_blocks, Hkv, block_size, Dk)
     The key cache; any ``block_size >= 1``.  flash-attn's and vLLM's
     ``(num_blocks, block_size, Hkv, D)`` caches pass as
     ``cache.transpose(0, 2, 1, 3)`` without a copy.  float32, float64,
-    float16, bfloat16 and int8 (with ``k_scale``) caches are read in place,
+    float16, bfloat16, int8 and float8 (with or without ``k_scale``) caches
+    are read in place,
     and so is a :class:`fastattn.QuantizedKV` of that logical shape (either
     cache, or both).
 v_cache : array_like, shape (num_blocks, Hkv, block_size, Dv)
@@ -690,11 +694,11 @@ softcap : float, optional
 alibi_slopes : array_like, broadcastable to (Hq,), optional
     ALiBi slopes, one per query head.
 k_scale : array_like, optional
-    Scales of an int8 ``k_cache``: broadcastable to
+    Scales of an int8 or float8 ``k_cache``: broadcastable to
     ``k_cache.shape[:-1] + (1,)`` (per tensor, head or slot: paged like the
     cache) or per channel to ``(Hkv, 1, Dk)`` (the same for every block).
 v_scale : array_like, optional
-    The same for an int8 ``v_cache``.
+    The same for an int8 or float8 ``v_cache``.
 sinks : array_like, broadcastable to (Hq,), optional
     Attention sinks, one per query head, as for :func:`attention`.
 return_lse : bool, optional
@@ -719,7 +723,7 @@ Raises
 ------
 TypeError
     ``block_table``, ``seq_lens`` or ``cu_seqlens_q`` that are not integers;
-    ``k_scale`` / ``v_scale`` for a non-integer cache; an array of a complex
+    ``k_scale`` / ``v_scale`` for a cache that is neither int8 nor float8; an array of a complex
     or object dtype; a masked array; options or ``out`` of the wrong type.
 ValueError
     A ``q`` that is not 4-D (3-D with ``cu_seqlens_q``); caches that are not

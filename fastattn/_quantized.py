@@ -22,6 +22,12 @@ import numpy as np
 __all__ = ["QuantizedKV", "quantize_kv"]
 
 
+def _refuse_masked(name, x):
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{name}: masked arrays (numpy.ma) are not supported: their mask would be ignored; "
+                        f"pass numpy.ma.getdata({name}) (or fill the masked entries) instead")
+
+
 def _check_bits(bits):
     if isinstance(bits, (bool, np.bool_)) or not isinstance(bits, numbers.Integral):
         raise TypeError(f"bits must be 4 or 8, got {bits!r}")
@@ -115,6 +121,8 @@ class QuantizedKV:
 
     def __init__(self, data, scale, zero, bits=8, group_size=None):
         bits = _check_bits(bits)
+        for name, x in (("data", data), ("scale", scale), ("zero", zero)):
+            _refuse_masked(name, x)
         if not isinstance(data, np.ndarray):
             raise TypeError(f"data must be a numpy.ndarray of uint8, got {type(data).__name__}")
         if data.dtype != np.uint8:
@@ -230,6 +238,7 @@ def quantize_kv(x, bits=8, group_size=None):
     True
     """
     bits = _check_bits(bits)
+    _refuse_masked("x", x)
     a = np.asarray(x)
     if a.dtype.kind not in "fiu" and not (a.dtype.kind == "V" and a.dtype.name == "bfloat16"):
         raise TypeError(f"x must be a real array, got dtype {a.dtype}")

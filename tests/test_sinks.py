@@ -320,3 +320,25 @@ def test_backward_zero_d_sinks_and_bias(rng):
     got = fastattn.attention_backward(g, q, k, v, out, lse, bias=b, return_dbias=True)[3]
     want = R.attention_backward(g, q, k, v, out, lse, bias=b, return_dbias=True)[3]
     assert np.shape(got) == () and abs(float(got) - float(want)) <= 1e-4 * max(1.0, abs(float(want)))
+
+
+def test_masked_arrays_refused_everywhere(rng):
+    """A numpy.ma array's mask would be ignored: every array argument refuses
+    one, naming it (not only q, k, v, mask, bias and sinks)."""
+    from fastattn._quantized import QuantizedKV
+    q, k, v = (rng.standard_normal((1, 2, 3, 8)).astype(np.float32) for _ in range(3))
+    m = np.ma.masked_array
+    out, lse = fastattn.attention(q, k, v, return_lse=True)
+    cases = [
+        ("alibi_slopes", lambda: fastattn.attention(q, k, v, alibi_slopes=m(np.ones(2, np.float32)))),
+        ("k_scale", lambda: fastattn.attention(q, (k * 10).astype(np.int8), v, k_scale=m(np.float32(0.1)))),
+        ("kv_lengths", lambda: fastattn.attention(q, k, v, kv_lengths=m(np.array([2])))),
+        ("sinks", lambda: fastattn.merge_attention([out], [lse], sinks=m(np.zeros(2, np.float32)))),
+        ("lses", lambda: fastattn.merge_attention([out], [m(lse)])),
+        ("x", lambda: fastattn.quantize_kv(m(k, mask=k > 1))),
+        ("data", lambda: QuantizedKV(m(np.zeros((2, 8), np.uint8)), np.ones((2, 1), np.float32),
+                                     np.zeros((2, 1), np.float32))),
+    ]
+    for name, call in cases:
+        with pytest.raises(TypeError, match=f"{name}: masked arrays"):
+            call()
