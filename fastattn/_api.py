@@ -102,7 +102,11 @@ def _compute_dtype(*arrays):
 def _merge_sinks(sinks, lse_shape, cdt):
     """sinks broadcast to the merged lse's shape (one per row: the batch dims,
     then the rows), in the compute dtype; ValueError / TypeError naming sinks."""
-    s = _as_array(sinks, "sinks")
+    _refuse_masked((("sinks", sinks),))
+    s = np.asarray(sinks)
+    if s.dtype.kind == "V" and s.dtype.name in ("float8_e4m3fn", "float8_e5m2"):
+        s = s.astype(np.float32)     # as the kernels take them (ml_dtypes' float8)
+    s = _as_array(s, "sinks")
     if s.dtype.kind == "b":
         raise TypeError(f"sinks must be a real (float) array, got dtype {s.dtype}")
     batch = lse_shape[:-1]

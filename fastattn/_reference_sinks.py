@@ -27,12 +27,17 @@ import numpy as np
 __all__ = ["check_sinks", "apply_sinks", "sink_gradient"]
 
 
+def _ml_float(dt):
+    """ml_dtypes' bfloat16 and float8 types (which the kernels take for sinks too)"""
+    return dt.kind == "V" and dt.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
 def check_sinks(sinks, batch):
     """``sinks`` as a float64 array broadcast to the query batch dims ``batch``
     (a read-only view).  TypeError for a non-real dtype (bool included),
     ValueError naming ``sinks`` when it does not broadcast."""
     a = np.asarray(sinks)
-    if a.dtype.kind not in "iuf":
+    if a.dtype.kind not in "iuf" and not _ml_float(a.dtype):
         raise TypeError(f"sinks must be a real (float) array, got dtype {a.dtype}")
     a = a.astype(np.float64, copy=False)
     try:

@@ -342,3 +342,20 @@ def test_masked_arrays_refused_everywhere(rng):
     for name, call in cases:
         with pytest.raises(TypeError, match=f"{name}: masked arrays"):
             call()
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn"])
+def test_ml_dtypes_sinks_everywhere(rng, name):
+    """bfloat16 / float8 sinks: taken by the kernels, the reference and
+    merge_attention alike, with the same values."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k, v = (rng.standard_normal((1, 2, 3, 8)).astype(np.float32) for _ in range(3))
+    s = np.array([0.5, -1.25], np.float32).astype(getattr(ml_dtypes, name))
+    out, lse = fastattn.attention(q, k, v, sinks=s, return_lse=True)
+    want, wlse = R.attention(q, k, v, sinks=s, return_lse=True)
+    assert_close(out, want)
+    assert_close(lse, wlse)
+    o0, l0 = fastattn.attention(q, k, v, return_lse=True)
+    mo, ml = fastattn.merge_attention([o0], [l0], sinks=s)
+    assert_close(mo, want)
+    assert_close(ml, wlse)
