@@ -699,8 +699,10 @@ k_scale : array_like, optional
     cache) or per channel to ``(Hkv, 1, Dk)`` (the same for every block).
 v_scale : array_like, optional
     The same for an int8 or float8 ``v_cache``.
-sinks : array_like, broadcastable to (Hq,), optional
-    Attention sinks, one per query head, as for :func:`attention`.
+sinks : array_like, optional
+    Attention sinks, as for :func:`attention`: broadcastable to the query
+    batch dims -- ``(S, Hq)`` for a 4-D ``q`` (one per query head, ``(Hq,)``,
+    or per sequence and head), ``(Hq,)`` with ``cu_seqlens_q``.
 return_lse : bool, optional
     Also return each query row's log-sum-exp.
 out : ndarray, optional

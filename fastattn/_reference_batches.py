@@ -223,8 +223,10 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
         their own): broadcastable to
         ``k_cache.shape[:-1] + (1,)`` (per tensor, head or key) or to
         ``(Hkv, 1, Dk)`` (per channel, the same for every block).
-    sinks : array_like, broadcastable to (Hq,), optional
-        Attention sinks per query head, as for :func:`attention`.
+    sinks : array_like, optional
+        Attention sinks, as for :func:`attention`: broadcastable to the query
+        batch dims, ``(S, Hq)`` for a 4-D ``q`` (one per query head, e.g.
+        ``(Hq,)``, or per sequence and head), ``(Hq,)`` with ``cu_seqlens_q``.
     return_lse : bool, optional
         Also return each query row's log-sum-exp.
 
@@ -311,8 +313,8 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     kc = _kv_scaled(kc, k_raw, k_scale, "k_scale", "k_cache")
     vc = _kv_scaled(vc, v_raw, v_scale, "v_scale", "v_cache")
     _check_options(scale, causal, window, softcap, alibi_slopes, q.shape[-1], hq)
-    if sinks is not None:
-        sinks = check_sinks(sinks, (hq,))
+    if sinks is not None:   # per query head, or (S, Hq) per sequence and head when q is (S, Hq, Lq, Dk)
+        sinks = check_sinks(sinks, (hq,) if packed else (n_seq, hq))
     qp = q if packed else np.moveaxis(q, 0, 1).reshape(hq, n_seq * q.shape[2], q.shape[-1])   # (Hq, total_q, Dk)
     out = np.zeros(qp.shape[:2] + (vc.shape[3],))
     lse = np.full(qp.shape[:2], -np.inf)
@@ -324,7 +326,8 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
         ks = np.moveaxis(kc[blocks], 0, 1).reshape(hkv, blocks.size * bs, kc.shape[3])[:, :lens[s]]
         vs = np.moveaxis(vc[blocks], 0, 1).reshape(hkv, blocks.size * bs, vc.shape[3])[:, :lens[s]]
         out[:, a:b], lse[:, a:b] = attention(qp[:, a:b], ks, vs, scale=scale, causal=causal, window=window,
-                                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                             softcap=softcap, alibi_slopes=alibi_slopes,
+                                             sinks=None if sinks is None else sinks if packed else sinks[s],
                                              return_lse=True)
     if not packed:
         out = np.moveaxis(out.reshape(hq, n_seq, q.shape[2], out.shape[-1]), 1, 0)

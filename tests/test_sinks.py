@@ -359,3 +359,47 @@ def test_ml_dtypes_sinks_everywhere(rng, name):
     mo, ml = fastattn.merge_attention([o0], [l0], sinks=s)
     assert_close(mo, want)
     assert_close(ml, wlse)
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("hkv", [8, 2])
+@pytest.mark.parametrize("lq", [1, 3])
+def test_paged_sinks_per_sequence(rng, block_size, hkv, lq):
+    """A 4-D q's query batch dims are (S, Hq): sinks of shape (S, Hq) give each
+    sequence its own (a long sequence split over its keys, paged heads in
+    lockstep, quantized caches included); (1, Hq) broadcasts; a shape that does
+    not broadcast is refused naming sinks before any work."""
+    from fastattn._quantized import quantize_kv
+    hq, d = 8, 32
+    lens = np.array([3000, 23, 5, 40])
+    S = lens.size
+    nblk = sum(-(-n // block_size) for n in lens)
+    kc = rng.standard_normal((nblk, hkv, block_size, d)).astype(np.float32)
+    vc = rng.standard_normal((nblk, hkv, block_size, d)).astype(np.float32)
+    perm = rng.permutation(nblk)
+    table = np.zeros((S, -(-lens.max() // block_size)), np.int64)
+    pos = 0
+    for s, n in enumerate(lens):
+        used = -(-n // block_size)
+        table[s, :used] = perm[pos:pos + used]
+        pos += used
+    q = rng.standard_normal((S, hq, lq, d)).astype(np.float32)
+    sinks = (rng.standard_normal((S, hq)) * 3).astype(np.float32)
+    for caches in ((kc, vc), (quantize_kv(kc, bits=8), quantize_kv(vc, bits=4, group_size=16))):
+        for s_arg in (sinks, sinks[:1], sinks[0]):
+            out, lse = fastattn.attention_paged(q, *caches, table, lens, sinks=s_arg, causal="bottom_right",
+                                                return_lse=True)
+            rout, rlse = R.attention_paged(q, *caches, table, lens, sinks=s_arg, causal="bottom_right",
+                                           return_lse=True)
+            assert_close(out, rout)
+            assert_close(lse, rlse)
+        # each sequence's rows are those of its own call with its row of sinks
+        out = fastattn.attention_paged(q, *caches, table, lens, sinks=sinks, causal="bottom_right")
+        for s in (0, 2):
+            one = fastattn.attention_paged(q[s:s + 1], *caches, table[s:s + 1], lens[s:s + 1], sinks=sinks[s],
+                                           causal="bottom_right")
+            np.testing.assert_allclose(out[s], one[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="sinks"):
+        fastattn.attention_paged(q, kc, vc, table, lens, sinks=np.zeros((S + 1, hq), np.float32))
+    with pytest.raises(ValueError, match="sinks"):
+        R.attention_paged(q, kc, vc, table, lens, sinks=np.zeros((S + 1, hq), np.float32))

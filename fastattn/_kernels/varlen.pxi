@@ -25,6 +25,7 @@ cdef struct Seqs:
     const int64_t *vo
     const int64_t *pages       # paged: its row of the (S, max_blocks) block table; NULL: packed keys
     int64_t max_blocks
+    int64_t sinks_stride       # sinks per sequence ((S, Hq) table, paged 4-D q); 0: one table for all
 
 
 cdef struct WorkItem:
@@ -63,6 +64,8 @@ cdef inline void seq_view(const Plan *P, const Seqs *Q, Plan *V, int64_t s) noex
     V.v.base = P.v.base + Q.vo[s] * P.v.item
     if Q.pages != NULL:
         V.pages = Q.pages + s * Q.max_blocks
+    if Q.sinks_stride:
+        V.sinks = P.sinks + s * Q.sinks_stride
 
 
 cdef double unit_cost(const Plan *V, int64_t r0, int64_t nr, int64_t lanes, int64_t *lo, int64_t *hi) noexcept nogil:

@@ -96,6 +96,7 @@ cdef int fill_seqs(Seqs *Q, list keep, cnp.ndarray nq, cnp.ndarray nk, cnp.ndarr
     Q.vo = <const int64_t *>cnp.PyArray_DATA(vo)
     Q.pages = NULL
     Q.max_blocks = 0
+    Q.sinks_stride = 0
     return 0
 
 
@@ -286,8 +287,9 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     cdef Plan P
     cdef Seqs Q
     cdef int ctype, otype, nbq, kkind = SCALE_NONE, vkind = SCALE_NONE, packed = cu_seqlens_q is not None
-    cdef int64_t S, bs, num_blocks
+    cdef int64_t S, bs, num_blocks, sink_stride = 0
     cdef cnp.npy_intp dims[MAXDIM + 2]
+    cdef cnp.npy_intp sdims[2]
     cdef list keep = []
     cdef object kq = None, vq = None
     if type(k_cache) is not cnp.ndarray and is_qkv(k_cache):
@@ -354,7 +356,13 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     parse_scalar_options(&P, scale, causal, window, softcap)
     if alibi_slopes is not None:
         slt = batch_table(as_input(alibi_slopes, "alibi_slopes"), "alibi_slopes", dims, nbq, ctype)
-    if sinks is not None:
+    if sinks is not None and not packed:
+        # the query batch dims (S, Hq): one table row per sequence (seq_view)
+        sdims[0] = S
+        sdims[1] = qa.shape[1]
+        snk = sinks_table(sinks, sdims, 2)
+        sink_stride = qa.shape[1]
+    elif sinks is not None:
         snk = sinks_table(sinks, dims, nbq)
     odims = (<object>qa).shape[:qa.ndim - 1] + (P.Dv,)
     for d in range(qa.ndim):
@@ -406,6 +414,7 @@ def attention_paged(q, k_cache, v_cache, block_table, seq_lens, *, cu_seqlens_q=
     fill_seq_table(&Q, keep, tab, lens)
     Q.pages = <const int64_t *>cnp.PyArray_DATA(table)
     Q.max_blocks = table.shape[1]
+    Q.sinks_stride = sink_stride
     varlen_execute(&P, &Q, ctype, num_threads)
     if out is None and otype == ctype and lse is None:
         return res
