@@ -130,7 +130,8 @@ class QuantizedKV:
         if data.ndim < 2:
             raise ValueError(f"data must have at least 2 dimensions (..., L, D), got shape {data.shape}")
         D = data.shape[-1] * (2 if bits == 4 else 1)
-        group_size = _check_group_size(group_size, D, bits) if D else (group_size or 1)
+        # D = 0: any valid group size (a plain int: the kernels check it again)
+        group_size = _check_group_size(group_size if D or group_size is not None else 2, D, bits)
         fields = {}
         for name, x in (("scale", scale), ("zero", zero)):
             a = np.asarray(x)
