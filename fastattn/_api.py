@@ -15,6 +15,7 @@ data.
 import numpy as np
 
 from . import _dispatch, _docstrings, _lazy, _memory
+from ._quantized import _refuse_masked as _refuse_masked_one
 from ._threads import _check_num_threads, resolve_num_threads
 from .integrations import any_torch_tensor, torch_attention, torch_softmax
 
@@ -26,10 +27,8 @@ __all__ = ["attention", "attention_backward", "attention_varlen", "attention_pag
 
 def _refuse_masked(args):
     for name, a in args:
-        if isinstance(a, np.ma.MaskedArray):
-            raise TypeError(f"{name}: masked arrays (numpy.ma) are not supported: their mask would be "
-                            f"ignored; pass the mask as mask= (True = may attend) and the data as "
-                            f"numpy.ma.getdata({name})")
+        _refuse_masked_one(name, a, f"pass the mask as mask= (True = may attend) and the data as "
+                                    f"numpy.ma.getdata({name})")
 
 
 def _foreign_attention(q, k, v, options):

@@ -22,10 +22,12 @@ import numpy as np
 __all__ = ["QuantizedKV", "quantize_kv"]
 
 
-def _refuse_masked(name, x):
+def _refuse_masked(name, x, hint=None):
+    """TypeError naming a numpy.ma argument, whose mask would be ignored (hint:
+    what to pass instead; fastattn._api gives q, k, v theirs)."""
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(f"{name}: masked arrays (numpy.ma) are not supported: their mask would be ignored; "
-                        f"pass numpy.ma.getdata({name}) (or fill the masked entries) instead")
+                        + (hint or f"pass numpy.ma.getdata({name}) (or fill the masked entries) instead"))
 
 
 def _check_bits(bits):

@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._reference_checks import _is_bfloat16, _is_float8
+
 __all__ = ["check_sinks", "apply_sinks", "sink_gradient"]
-
-
-def _ml_float(dt):
-    """ml_dtypes' bfloat16 and float8 types (which the kernels take for sinks too)"""
-    return dt.kind == "V" and dt.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 def check_sinks(sinks, batch):
@@ -37,7 +34,7 @@ def check_sinks(sinks, batch):
     (a read-only view).  TypeError for a non-real dtype (bool included),
     ValueError naming ``sinks`` when it does not broadcast."""
     a = np.asarray(sinks)
-    if a.dtype.kind not in "iuf" and not _ml_float(a.dtype):
+    if a.dtype.kind not in "iuf" and not (_is_bfloat16(a) or _is_float8(a)):   # as the kernels take them
         raise TypeError(f"sinks must be a real (float) array, got dtype {a.dtype}")
     a = a.astype(np.float64, copy=False)
     try:
