@@ -461,6 +461,8 @@ static void FA_SFX(fa_qk_rows_qz)(const float *qp, int64_t ldq, int64_t nr, int6
         FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4, 0);
 }
 
+#define FA_PV_QZ_WK 128    /* keys per run of fa_pv_rows_qz_r's precomputed weights */
+
 /* O += P . V over keys [k0, k1) of quantized values read in place: R rows (p
  * rows ldp apart, o rows ldo apart) and NB output vectors from column d held in
  * registers while the keys stream by once: per key and vector, (codes - zero)
@@ -468,12 +470,13 @@ static void FA_SFX(fa_qk_rows_qz)(const float *qp, int64_t ldq, int64_t nr, int6
  * vectors of one group, at least 1 (a group of G elements is G / W vectors;
  * NB or more: the whole block in one group) -- each group's zero point and the
  * rows' weights p * scale are broadcast once per key and group, not once per
- * vector (the same values, so the same bits). */
+ * vector (the same values, so the same bits).  wt (VPG = NB only): those
+ * weights computed ahead, row r's key j at wt[r * FA_PV_QZ_WK + j - k0]. */
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
                       int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t k0, int64_t k1,
                       float *o, int64_t ldo, int64_t d, const int R, const int NB, const int bits, int64_t pf,
-                      int64_t rb, const int VPG)
+                      int64_t rb, const int VPG, const float *wt)
 {
     FA_V acc[4][8];
     int64_t so[8], zo[8];
@@ -491,7 +494,7 @@ FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr
             __builtin_prefetch(zr + pf * zsr, 0, FA_PF_LOC);
         }
         float pj[4];
-        FA_UNROLL for (int r = 0; r < R; r++) pj[r] = p[r * ldp + j];
+        if (!wt) FA_UNROLL for (int r = 0; r < R; r++) pj[r] = p[r * ldp + j];
         FA_V c[8];
         if (NB == 1)
             c[0] = bits == 8 ? fa_load_u8(xr + d) : fa_load_u4(xr + d / 2);
@@ -501,8 +504,12 @@ FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr
         FA_UNROLL for (int b = 0; b < NB; b++) {
             if (b % VPG == 0) {
                 zv = FA_SFX(fa_set1)(zr[zo[b]]);
-                const float sj = sr[so[b]];
-                FA_UNROLL for (int r = 0; r < R; r++) wv[r] = FA_SFX(fa_set1)(pj[r] * sj);
+                if (wt)
+                    FA_UNROLL for (int r = 0; r < R; r++) wv[r] = FA_SFX(fa_set1)(wt[r * FA_PV_QZ_WK + j - k0]);
+                else {
+                    const float sj = sr[so[b]];
+                    FA_UNROLL for (int r = 0; r < R; r++) wv[r] = FA_SFX(fa_set1)(pj[r] * sj);
+                }
             }
             const FA_V cz = c[b] - zv;
             FA_UNROLL for (int r = 0; r < R; r++) acc[r][b] += cz * wv[r];
@@ -527,7 +534,28 @@ FA_SFX(fa_pv_rows_qz_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t x
 #define FA_PV_QZ_BLOCKS(VPG)                                                                               \
     for (; d + NB * FA_W <= D; d += NB * FA_W)                                                            \
         FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, R, NB, bits, \
-                              d == 0 ? pfr : 0, rb, VPG)
+                              d == 0 ? pfr : 0, rb, VPG, NULL)
+    if (G % (NB * FA_W) == 0 && R > 1) {
+        /* every block inside one group: the rows' weights p * scale of a group's
+         * keys computed once for all its blocks (G = D, the 8-bit default: once
+         * per key instead of once per block), keys in runs of FA_PV_QZ_WK; per
+         * element the same products and sums in the same key order, so the same
+         * bits.  One row keeps its inline product (R = 1: 8 vectors a block, a
+         * load for a multiplication) */
+        float wt[4 * FA_PV_QZ_WK];
+        for (int64_t ka = k0; ka < k1; ka += FA_PV_QZ_WK) {
+            const int64_t kz = k1 - ka < FA_PV_QZ_WK ? k1 : ka + FA_PV_QZ_WK;
+            for (int64_t g0 = 0; g0 < D; g0 += G) {
+                const float *sg = scale + g0 / G * ssc;
+                for (int r = 0; r < R; r++)
+                    for (int64_t j = ka; j < kz; j++) wt[r * FA_PV_QZ_WK + j - ka] = p[r * ldp + j] * sg[j * ssr];
+                for (d = g0; d < g0 + G; d += NB * FA_W)
+                    FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, ka, kz, o, ldo, d, R,
+                                          NB, bits, d == 0 ? pfr : 0, rb, NB, wt);
+            }
+        }
+        return;
+    }
     if (G % (NB * FA_W) == 0)
         FA_PV_QZ_BLOCKS(NB);
     else if (NB >= 4 && G % (2 * FA_W) == 0)
@@ -537,7 +565,7 @@ FA_SFX(fa_pv_rows_qz_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t x
 #undef FA_PV_QZ_BLOCKS
     for (; d < D; d += FA_W)
         FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, R, 1, bits,
-                              d == 0 ? pfr : 0, rb, 1);
+                              d == 0 ? pfr : 0, rb, 1, NULL);
 }
 
 #ifdef FA_U4L_DMAX
