@@ -197,13 +197,17 @@ def test_prefetch_wide_by_vendor_and_environment(monkeypatch):
 def test_prefetch_hints_never_change_a_result(dtype):
     """The same bits with and without the float32 / float64 row prefetch hints: decode
     (one row per head, D a multiple of the vector and not), grouped-query rows, draft
-    rows, a paged decode, one and two threads; the setting is restored."""
+    rows, a paged decode, one and two threads; the setting is restored.  Off, the
+    few-rows scores also read a group's keys key by key (stored_reads.h): GQA groups
+    of 2, 3, 4 and 8 rows, D a multiple of the vector (that order) and not (the
+    group order)."""
     import fastattn
 
     K = _dispatch.kernels
     rng = np.random.default_rng(20261204)
     cases = []
-    for hq, hkv, lq, d in ((4, 4, 1, 128), (4, 4, 1, 40), (8, 2, 1, 64), (4, 2, 3, 64)):
+    for hq, hkv, lq, d in ((4, 4, 1, 128), (4, 4, 1, 40), (8, 2, 1, 64), (4, 2, 3, 64), (4, 2, 1, 128),
+                          (6, 2, 1, 96), (16, 2, 1, 128), (8, 2, 1, 40)):
         q = rng.standard_normal((2, hq, lq, d)).astype(dtype)
         k = rng.standard_normal((2, hkv, 777, d)).astype(dtype)
         v = rng.standard_normal((2, hkv, 777, d)).astype(dtype)

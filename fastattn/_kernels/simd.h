@@ -138,13 +138,14 @@ static inline void fa_prefetch_l2_bytes(const void *p, int64_t nbytes)
 }
 
 /* Software prefetch of the key and value rows of 4- and 8-byte elements (float32,
- * float64) that the one-row loops (decode units of one query row) read in place:
- * 1 on, 0 off (fa_prefetch_row1_s, widen.h).  Set once at import from
+ * float64) that the decode loops read in place: 1 on, 0 off (fa_prefetch_row1_s,
+ * widen.h; the few-rows loops fa_qk_rows_r and fa_pv_rows, stored_reads.h, which
+ * with it off also read a group's keys key by key).  Set once at import from
  * fastattn._memory.prefetch_wide (off on AMD CPUs, on elsewhere;
  * FASTATTN_PREFETCH_WIDE overrides).  On a 2-vCPU Zen 3 the hardware prefetchers
  * stream such rows alone and the float32 decode ran ~1.2x faster on one thread
- * without the hints; narrower types and the loops of several rows keep theirs
- * (figures: docs/performance.rst, "Software prefetch of float32 rows on AMD").
+ * without the hints; narrower types keep theirs (figures: docs/performance.rst,
+ * "Software prefetch of float32 rows on AMD" and "GQA decode: keys in order").
  * Never changes a result. */
 static int fa_pf_wide __attribute__((unused)) = 1;
 

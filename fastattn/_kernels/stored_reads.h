@@ -213,15 +213,36 @@ FA_SSFX(fa_qk_step)(const FA_T *qp, int64_t ldq, const int R, int nk, const FA_S
  * read.  pf != 0: the keys stream from memory, and the same part of the key
  * rows pf rows further on is requested: per 64-byte line where the storage type
  * takes the line-by-line loop (fa_line_vecs_s: float16), else per key vector.
- * In that loop the query vectors are held in registers (FA_IN_REG). */
+ * In that loop the query vectors are held in registers (FA_IN_REG).
+ * keymajor (float32 / float64 keys read without software prefetch, see
+ * fa_qk_rows_r): a whole group's keys one after the other, the same bits. */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_S *kg, int64_t ksr,
-                   int nk, int64_t pf, FA_T *s, int64_t lds)
+                   int nk, int64_t pf, FA_T *s, int64_t lds, int keymajor)
 {
     const int G = FA_QK_PAIRS / R;
     FA_V r[FA_QK_PAIRS];
     FA_UNROLL for (int x = 0; x < FA_QK_PAIRS; x++) r[x] = FA_SFX(fa_set1)(0);
     int64_t d = 0;
+#ifdef FA_S_NATIVE
+    if (keymajor && nk == G && D % FA_W == 0) {
+        /* key by key, each key row read start to end: the group's rows are one
+         * sequential stream for the hardware prefetchers (key u's vector d, then
+         * d + W, ..., then key u + 1) instead of G streams a row apart.  Each
+         * accumulator sees the same products in the same order of d, so the
+         * same bits; R chains per key, not R * G */
+        FA_UNROLL for (int u = 0; u < G; u++) {
+            const FA_S *kr = kg + u * ksr;
+            for (d = 0; d < D; d += FA_W) {
+                const FA_V kv = FA_SSFX(fa_load_raw_s)(kr + d);
+                FA_UNROLL for (int i = 0; i < R; i++)
+                    r[i * G + u] += FA_SFX(fa_load)(qp + i * ldq + d) * kv;
+            }
+        }
+    }
+#else
+    (void)keymajor;
+#endif
     /* where the storage type widens two vectors in one go (float8 on AVX2), two
      * vectors of each key at a time; each accumulator sees the same products in
      * the same order */
@@ -283,12 +304,23 @@ FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_
 {
     const int G = FA_QK_PAIRS / R;
     const int64_t pfr = FA_SSFX(fa_pf_rows_s)(D);
-    const int64_t pf = !stream ? 0 : pfr > G ? pfr : G;
+    /* float32 / float64 keys streamed where wide rows go without software
+     * prefetch (fa_pf_wide off: AMD): no hints, and each group's keys read key
+     * by key.  On a Zen 4 the group order (G rows a key row apart, a 64-byte
+     * line of each in turn) kept the hardware prefetchers from streaming:
+     * GQA decode Hq32 Hkv8 Lk8192 D128: one thread 6.6-7.3 -> 4.1-4.2 ms, two 3.2-3.5 -> 2.3-2.4
+     * (docs/performance.rst, "GQA decode: keys in order") */
+#ifdef FA_S_NATIVE
+    const int keymajor = stream && !fa_pf_wide;
+#else
+    const int keymajor = 0;
+#endif
+    const int64_t pf = !stream || keymajor ? 0 : pfr > G ? pfr : G;
     int64_t j = 0;
     for (; j + G <= n; j += G)
-        FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, G, pf, s + j, lds);
+        FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, G, pf, s + j, lds, keymajor);
     if (j < n)
-        FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, (int)(n - j), 0, s + j, lds);
+        FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, (int)(n - j), 0, s + j, lds, 0);
 }
 
 /* One block of rows (<= FA_QKR_MAX) in one pass per group of keys, its row count
@@ -450,7 +482,9 @@ static inline void FA_SSFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, c
         const int mr = nr - i0 < FA_PV_MR ? (int)(nr - i0) : FA_PV_MR;
         const FA_T *pi = p + i0 * ldp;
         FA_T *oi = o + i0 * ldo;
-        int64_t pfn = i0 == 0 ? nvec * FA_W : 0;
+        /* value rows requested ahead, but not float32 / float64 rows where
+         * fa_pf_wide is off (AMD: the hardware prefetchers stream them) */
+        int64_t pfn = i0 == 0 && (sizeof(FA_S) < 4 || fa_pf_wide) ? nvec * FA_W : 0;
 #if FA_PV_MR < 4 && !defined(FA_S_NATIVE)
         if (nr - i0 == 4) {
             /* four rows left (a GQA group of 4) on a 3-row target, values widened from a
