@@ -177,6 +177,37 @@ static inline fa_v_f fa_load_f8e4(const uint8_t *p)
     return (fa_v_f)fa_f8e4_halves_to_ps(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)));
 }
 
+/* e4m3fn "raw" (widen.h): the values / 2^8, the halves as they widen, no
+ * multiplication; the kernels that sum raw products scale their sums by
+ * FA_F8E4_RAW_FACTOR once (as x86_avx2.h).  The half of byte b: its sign and
+ * magnitude moved down one bit (s 0 eeee mmm 0000000), magnitude 0x7f -> NaN */
+#define FA_F8E4_RAW_FACTOR 256.0f
+
+static inline __m256i fa_f8e4_rawhalves16_(__m256i b)     /* b: 16 bytes zero-extended to 16 bits */
+{
+    const __m256i h = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(b, 8), 1),
+                                       _mm256_set1_epi16((short)0xbfff));
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_slli_epi16(b, 9), _mm256_set1_epi16((short)0xfe00));
+    return _mm256_mask_blend_epi16(nan, h, _mm256_set1_epi16(0x7e00));
+}
+
+static inline fa_v_f fa_load_f8e4_raw(const uint8_t *p)
+{
+    return (fa_v_f)_mm512_cvtph_ps(fa_f8e4_rawhalves16_(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p))));
+}
+
+static inline void fa_load2_f8e4_raw(const uint8_t *p, fa_v_f *v)
+{
+    v[0] = fa_load_f8e4_raw(p);
+    v[1] = fa_load_f8e4_raw(p + 16);
+}
+
+static inline void fa_load4_f8e4_raw(const uint8_t *p, fa_v_f *v)
+{
+    fa_load2_f8e4_raw(p, v);
+    fa_load2_f8e4_raw(p + 32, v + 2);
+}
+
 static inline fa_v_f fa_load_part_f8e5(const uint8_t *p, int64_t n, float fill)
 {
     const __mmask16 k = (__mmask16)((1u << n) - 1);
