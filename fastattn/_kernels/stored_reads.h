@@ -311,7 +311,7 @@ FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_
      * GQA decode Hq32 Hkv8 Lk8192 D128: one thread 6.6-7.3 -> 4.1-4.2 ms, two 3.2-3.5 -> 2.3-2.4
      * (docs/performance.rst, "GQA decode: keys in order") */
 #ifdef FA_S_NATIVE
-    const int keymajor = stream && !fa_pf_wide;
+    const int keymajor = stream && !FA_SSFX(fa_pf_hinted_s)();
 #else
     const int keymajor = 0;
 #endif
@@ -482,9 +482,9 @@ static inline void FA_SSFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, c
         const int mr = nr - i0 < FA_PV_MR ? (int)(nr - i0) : FA_PV_MR;
         const FA_T *pi = p + i0 * ldp;
         FA_T *oi = o + i0 * ldo;
-        /* value rows requested ahead, but not float32 / float64 rows where
-         * fa_pf_wide is off (AMD: the hardware prefetchers stream them) */
-        int64_t pfn = i0 == 0 && (sizeof(FA_S) < 4 || fa_pf_wide) ? nvec * FA_W : 0;
+        /* value rows requested ahead where the storage type's rows are hinted
+         * (not float32 / float64 on AMD: the hardware prefetchers stream them) */
+        int64_t pfn = i0 == 0 && FA_SSFX(fa_pf_hinted_s)() ? nvec * FA_W : 0;
 #if FA_PV_MR < 4 && !defined(FA_S_NATIVE)
         if (nr - i0 == 4) {
             /* four rows left (a GQA group of 4) on a 3-row target, values widened from a

@@ -221,11 +221,20 @@ static inline void FA_SSFX(fa_prefetch_s)(const FA_S *p, int64_t n)
     fa_prefetch_bytes(p, n * (int64_t)sizeof(FA_S));
 }
 
+/* do the decode loops that stream this storage type's rows in place request
+ * them ahead?  Narrow rows always; float32 / float64 rows only where fa_pf_wide
+ * (simd.h).  The one rule of fa_prefetch_row1_s and the few-rows loops
+ * (fa_qk_rows_r, fa_pv_rows: stored_reads.h) */
+static inline int FA_SSFX(fa_pf_hinted_s)(void)
+{
+    return sizeof(FA_S) < 4 || fa_pf_wide;
+}
+
 /* the hints of the one-row loops (a decode unit of one query row: fa_qk_rows'
- * single row, fa_pv1_qk_pass): float32 / float64 rows only where fa_pf_wide */
+ * single row, fa_pv1_qk_pass) */
 static inline void FA_SSFX(fa_prefetch_row1_s)(const FA_S *p, int64_t n)
 {
-    if (sizeof(FA_S) < 4 || fa_pf_wide) fa_prefetch_bytes(p, n * (int64_t)sizeof(FA_S));
+    if (FA_SSFX(fa_pf_hinted_s)()) fa_prefetch_bytes(p, n * (int64_t)sizeof(FA_S));
 }
 
 /* element d of a row starts a 64-byte line (relative to the row's start) */
