@@ -16,6 +16,7 @@ import numpy as np
 
 from . import _dispatch, _docstrings, _lazy, _memory
 from ._quantized import _refuse_masked as _refuse_masked_one
+from ._reference_checks import _is_float8
 from ._threads import _check_num_threads, resolve_num_threads
 from .integrations import any_torch_tensor, torch_attention, torch_softmax
 
@@ -103,7 +104,7 @@ def _merge_sinks(sinks, lse_shape, cdt):
     then the rows), in the compute dtype; ValueError / TypeError naming sinks."""
     _refuse_masked((("sinks", sinks),))
     s = np.asarray(sinks)
-    if s.dtype.kind == "V" and s.dtype.name in ("float8_e4m3fn", "float8_e5m2"):
+    if _is_float8(s):
         s = s.astype(np.float32)     # as the kernels take them (ml_dtypes' float8)
     s = _as_array(s, "sinks")
     if s.dtype.kind == "b":

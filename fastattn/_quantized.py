@@ -141,7 +141,7 @@ class QuantizedKV:
                 raise TypeError(f"{name} must be a real (float32) array, got dtype {a.dtype}")
             if a.dtype != np.float32:
                 a = a.astype(np.float32)
-            want = data.shape[:-1] + (D // group_size if D else 0,)
+            want = QuantizedKV._group_shape(data.shape[:-1] + (D,), group_size)
             if a.shape != want:
                 raise ValueError(f"{name} has shape {a.shape}, expected {want} (data.shape[:-1] + "
                                  f"(D // group_size,) with D = {D}, group_size = {group_size})")
@@ -154,6 +154,21 @@ class QuantizedKV:
         self.bits = bits
         self.group_size = group_size
         self.shape = data.shape[:-1] + (D,)
+
+    @staticmethod
+    def _data_shape(shape, bits):
+        """The shape of ``data`` for a logical ``shape`` ``(..., L, D)``: ``shape``
+        itself (8 bits) or ``D // 2`` bytes per row (4 bits)."""
+        return tuple(shape) if bits == 8 else tuple(shape[:-1]) + (shape[-1] // 2,)
+
+    @staticmethod
+    def _group_shape(shape, group_size):
+        """The shape of ``scale`` and ``zero`` for a logical ``shape``:
+        ``shape[:-1] + (D // group_size,)``.  The one rule for the constructor and
+        for the kernels' check of a QuantizedKV argument (whose fields may have been
+        reassigned since)."""
+        D = shape[-1]
+        return tuple(shape[:-1]) + (D // group_size if D else 0,)
 
     @property
     def dtype(self):

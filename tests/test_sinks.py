@@ -344,7 +344,7 @@ def test_masked_arrays_refused_everywhere(rng):
             call()
 
 
-@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
 def test_ml_dtypes_sinks_everywhere(rng, name):
     """bfloat16 / float8 sinks: taken by the kernels, the reference and
     merge_attention alike, with the same values."""

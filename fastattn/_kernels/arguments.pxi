@@ -590,7 +590,7 @@ cdef cnp.ndarray qkv_stand_in(x, str name):
                         f"{type(data).__name__}, bits {x.bits!r}")
     if len(shape) < 2 or D < 0 or (x.bits == 4 and D % 2):
         raise ValueError(f"{name}.shape must be (..., L, D) with D even for 4 bits, got {shape} ({x.bits} bits)")
-    want_data = shape if x.bits == 8 else shape[:len(shape) - 1] + (D // 2,)
+    want_data = x._data_shape(shape, x.bits)
     if tuple(data.shape) != want_data:
         raise ValueError(f"{name}.data has shape {data.shape}, expected {want_data} for a {x.bits}-bit QuantizedKV "
                          f"of shape {shape}")
@@ -599,7 +599,7 @@ cdef cnp.ndarray qkv_stand_in(x, str name):
     if data.size and data.shape[data.ndim - 1] > 1 and data.strides[data.ndim - 1] != 1:
         raise ValueError(f"{name}.data must have contiguous rows (stride 1 along its last axis, the kernels "
                          f"read the codes in place), got strides {data.strides}")
-    want = shape[:len(shape) - 1] + (D // G if D else 0,)
+    want = x._group_shape(shape, G)
     for field in ("scale", "zero"):
         sc = getattr(x, field)
         if type(sc) is not cnp.ndarray or sc.dtype != np.float32 or sc.shape != want:
