@@ -313,22 +313,21 @@ static inline int FA_SFX(fa_u4l_groups)(int64_t D, int64_t G)
 }
 
 /* lane l: src[(l * NG / W) * sc]: NG broadcasts and NG - 1 blends by constant masks,
- * or where the entries are side by side (sc = 1, the scales and zero points of a
- * row's groups) on AVX-512 / AVX2 one partial load and one permutation (4-bit
- * G 32 on a Zen 4, 2 threads: GQA decode Hq32 Hkv8 1.35-1.41 -> 1.26 ms, MHA decode
- * H32 2.81-3.04 -> 2.59-2.60 ms; the same values, so the same bits) */
+ * or on AVX-512 where the entries are side by side (sc = 1, the scales and zero
+ * points of a row's groups) one masked load and one permutation (4-bit G 32 on a
+ * Zen 4, 2 threads: GQA decode Hq32 Hkv8 1.35-1.41 -> 1.26 ms, MHA decode H32
+ * 2.81-3.04 -> 2.59-2.60 ms; the same values, so the same bits).  Not on AVX2:
+ * there a chunk holds two groups (a broadcast and a blend), and the masked load
+ * and permutation measured level to 2 % slower (GQA u4, one thread 3.24-3.34 ->
+ * 3.32-3.37 ms) */
 static inline __attribute__((always_inline)) FA_V FA_SFX(fa_lane_groups)(const float *src, int64_t sc, const int NG)
 {
-#if FA_VBYTES == 64 || FA_VBYTES == 32
+#if FA_VBYTES == 64
     if (sc == 1 && NG > 1) {
-        /* the NG entries side by side: one partial load and one permutation */
+        /* the NG entries side by side: one masked load and one permutation */
         const FA_V g = FA_SFX(fa_load_part)(src, NG, 0);
-#  if FA_VBYTES == 64
         return NG == 4 ? FA_SHUF2(FA_VI, g, g, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
                        : FA_SHUF2(FA_VI, g, g, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-#  else
-        return NG == 4 ? FA_SHUF2(FA_VI, g, g, 0, 0, 1, 1, 2, 2, 3, 3) : FA_SHUF2(FA_VI, g, g, 0, 0, 0, 0, 1, 1, 1, 1);
-#  endif
     }
 #endif
     FA_VI lane;
