@@ -157,7 +157,7 @@ static inline __attribute__((always_inline)) void
 FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64_t D, const uint8_t *x, int64_t xsr,
                       const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
                       int64_t G, int nk, float *s, int64_t lds, const int bits, int64_t pf, const int one,
-                      const float *qs)
+                      const float *ql)
 {
     const int U = FA_W / R;
     const int64_t rb = D * bits / 8;
@@ -225,7 +225,7 @@ FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64
         }
     }
     FA_SFX(fa_transpose_add)(r);
-    FA_SFX(fa_qz_store_scores)(r[0], R, nrow, nk, scale, ssr, zero, zsr, one, qs, s, lds);
+    FA_SFX(fa_qz_store_scores)(r[0], R, nrow, nk, scale, ssr, zero, zsr, one, ql, s, lds);
 }
 
 static inline __attribute__((always_inline)) void
@@ -352,7 +352,7 @@ static inline __attribute__((always_inline)) void
 FA_SFX(fa_qk_pass_u4l)(const float *Q, const float *QS, const int R, int nrow, int64_t D, const uint8_t *x,
                        int64_t xsr, const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
                        int64_t zsc, const int64_t (*go)[2], const int NG, int nk, float *s, int64_t lds, int64_t pf,
-                       const int one, const float *qs)
+                       const int one, const float *ql)
 {
     const int U = FA_W / R;
     float rb[FA_W * FA_W] __attribute__((aligned(64)));
@@ -396,7 +396,7 @@ FA_SFX(fa_qk_pass_u4l)(const float *Q, const float *QS, const int R, int nrow, i
     FA_V r[FA_W];
     FA_UNROLL for (int a = 0; a < FA_W; a++) r[a] = FA_SFX(fa_load)(rb + a * FA_W);
     FA_SFX(fa_transpose_add)(r);
-    FA_SFX(fa_qz_store_scores)(r[0], R, nrow, nk, scale, ssr, zero, zsr, one, qs, s, lds);
+    FA_SFX(fa_qz_store_scores)(r[0], R, nrow, nk, scale, ssr, zero, zsr, one, ql, s, lds);
 }
 
 static inline __attribute__((always_inline)) void
