@@ -62,6 +62,7 @@ _K.set_call_hooks(resolve_num_threads, _check_num_threads, _foreign_attention, _
 _K.set_varlen_hooks(_refuse_masked)
 _K.set_stream_min_bytes(_memory.stream_min_bytes())
 _K.set_prefetch_wide(_memory.prefetch_wide(_dispatch._cpu.cpu_vendor()))
+_K.set_prefetch_l2(_memory.prefetch_l2(_dispatch._cpu.cpu_vendor()))
 attention = _K.attention
 attention_backward = _K.attention_backward
 attention_varlen = _K.attention_varlen

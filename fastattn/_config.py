@@ -143,6 +143,8 @@ def get_config() -> Dict[str, Any]:
         if cpu is not None and hasattr(mem, "prefetch_wide"):      # cpu: the helper module above
             vendor, _ = _try(cpu.cpu_vendor)
             cfg["prefetch_wide"], _ = _try(mem.prefetch_wide, vendor or "")
+            if hasattr(mem, "prefetch_l2"):
+                cfg["prefetch_l2"], _ = _try(mem.prefetch_l2, vendor or "")
 
     # ---- OpenMP runtimes actually loaded (threadpoolctl), after importing the kernels
     tpc, tpc_err = _try(_import, "threadpoolctl")
@@ -231,6 +233,10 @@ def _format(cfg: Dict[str, Any]) -> str:
         env = " (FASTATTN_PREFETCH_WIDE)" if os.environ.get("FASTATTN_PREFETCH_WIDE", "").strip() else ""
         add(f"  prefetch hints      : float32 / float64 rows of one-row decode units "
             f"{'prefetched' if cfg['prefetch_wide'] else 'left to the hardware prefetchers'}{env}")
+    if cfg.get("prefetch_l2") is not None:
+        env = " (FASTATTN_PREFETCH_L2)" if os.environ.get("FASTATTN_PREFETCH_L2", "").strip() else ""
+        add(f"  prefetch level      : query-vectorised key rows requested into "
+            f"{'L2 (prefetcht1)' if cfg['prefetch_l2'] else 'L1 (prefetcht0)'}{env}")
     add(f"CPU features          : {_fmt_features(cfg['cpu_features'])}")
     add("OpenMP")
     oe = cfg["openmp_enabled"]

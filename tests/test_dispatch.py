@@ -193,40 +193,76 @@ def test_prefetch_wide_by_vendor_and_environment(monkeypatch):
     assert f"one-row decode units {want}\n" in fastattn.show_config(file=io.StringIO())
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_prefetch_l2_by_vendor_and_environment(monkeypatch):
+    """The streaming loops' prefetch hints go into L2 on AMD CPUs, into L1 elsewhere;
+    FASTATTN_PREFETCH_L2 = 0 / 1 overrides, anything else warns and is ignored;
+    show_config says which."""
+    import io
+
+    import fastattn
+    from fastattn import _memory
+
+    monkeypatch.delenv("FASTATTN_PREFETCH_L2", raising=False)
+    assert _memory.prefetch_l2("AuthenticAMD") is True
+    assert _memory.prefetch_l2("GenuineIntel") is False and _memory.prefetch_l2("") is False
+    monkeypatch.setenv("FASTATTN_PREFETCH_L2", " 0 ")
+    assert _memory.prefetch_l2("AuthenticAMD") is False
+    monkeypatch.setenv("FASTATTN_PREFETCH_L2", "1")
+    assert _memory.prefetch_l2("GenuineIntel") is True
+    out = fastattn.show_config(file=io.StringIO())
+    assert "requested into L2 (prefetcht1) (FASTATTN_PREFETCH_L2)" in out
+    for bad in ("2", "yes", "off", "-1"):
+        monkeypatch.setenv("FASTATTN_PREFETCH_L2", bad)
+        with pytest.warns(RuntimeWarning, match="FASTATTN_PREFETCH_L2"):
+            assert _memory.prefetch_l2("AuthenticAMD") is True
+    monkeypatch.delenv("FASTATTN_PREFETCH_L2")
+    want = "L2 (prefetcht1)" if _cpu.cpu_vendor() == "AuthenticAMD" else "L1 (prefetcht0)"
+    assert f"requested into {want}\n" in fastattn.show_config(file=io.StringIO())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int8])
 def test_prefetch_hints_never_change_a_result(dtype):
-    """The same bits with and without the float32 / float64 row prefetch hints: decode
-    (one row per head, D a multiple of the vector and not), grouped-query rows, draft
-    rows, a paged decode, one and two threads; the setting is restored.  Off, the
-    few-rows scores also read a group's keys key by key (stored_reads.h): GQA groups
-    of 2, 3, 4 and 8 rows, D a multiple of the vector (that order) and not (the
-    group order)."""
+    """The same bits with and without the float32 / float64 row prefetch hints, and
+    with the hints into L1 or into L2 (all four settings): decode (one row per head,
+    D a multiple of the vector and not), grouped-query rows, draft rows, 16 rows
+    (query-vectorised, the key panels' hints), a paged decode, one and two threads,
+    keys and values of the storage type (float16 / int8: q float32); the settings
+    are restored.  With the wide hints off, the few-rows scores also read a group's
+    keys key by key (stored_reads.h): GQA groups of 2, 3, 4 and 8 rows, D a multiple
+    of the vector (that order) and not (the group order)."""
     import fastattn
 
     K = _dispatch.kernels
     rng = np.random.default_rng(20261204)
+    qdt = np.float32 if dtype in (np.float16, np.int8) else dtype
+
+    def store(x):
+        return np.clip(np.rint(x * 30), -127, 127).astype(np.int8) if dtype == np.int8 else x.astype(dtype)
+
     cases = []
     for hq, hkv, lq, d in ((4, 4, 1, 128), (4, 4, 1, 40), (8, 2, 1, 64), (4, 2, 3, 64), (4, 2, 1, 128),
-                          (6, 2, 1, 96), (16, 2, 1, 128), (8, 2, 1, 40)):
-        q = rng.standard_normal((2, hq, lq, d)).astype(dtype)
-        k = rng.standard_normal((2, hkv, 777, d)).astype(dtype)
-        v = rng.standard_normal((2, hkv, 777, d)).astype(dtype)
+                          (6, 2, 1, 96), (16, 2, 1, 128), (8, 2, 1, 40), (2, 2, 16, 64)):
+        q = rng.standard_normal((2, hq, lq, d)).astype(qdt)
+        k = store(rng.standard_normal((2, hkv, 777, d)))
+        v = store(rng.standard_normal((2, hkv, 777, d)))
         cases.append(lambda nt, q=q, k=k, v=v: fastattn.attention(q, k, v, num_threads=nt))
-    kc = rng.standard_normal((40, 2, 16, 64)).astype(dtype)
-    vc = rng.standard_normal((40, 2, 16, 64)).astype(dtype)
+    kc = store(rng.standard_normal((40, 2, 16, 64)))
+    vc = store(rng.standard_normal((40, 2, 16, 64)))
     table = rng.permutation(40).reshape(2, 20)
     lens = np.array([300, 317])
-    qp = rng.standard_normal((2, 8, 1, 64)).astype(dtype)
+    qp = rng.standard_normal((2, 8, 1, 64)).astype(qdt)
     cases.append(lambda nt: fastattn.attention_paged(qp, kc, vc, table, lens, num_threads=nt))
-    prev = K.set_prefetch_wide(True)
+    prev_wide, prev_l2 = K.set_prefetch_wide(True), K.set_prefetch_l2(False)
     try:
         for f in cases:
             for nt in (1, 2):
-                on = f(nt)
-                assert K.set_prefetch_wide(False) is True
-                off = f(nt)
-                assert K.set_prefetch_wide(True) is False
-                np.testing.assert_array_equal(on, off)
-                assert np.isfinite(on).all()
+                first = f(nt)
+                assert np.isfinite(first).all()
+                for wide, l2 in ((False, False), (True, True), (False, True)):
+                    K.set_prefetch_wide(wide)
+                    K.set_prefetch_l2(l2)
+                    np.testing.assert_array_equal(f(nt), first)
+                assert K.set_prefetch_wide(True) is False and K.set_prefetch_l2(False) is True
     finally:
-        K.set_prefetch_wide(prev)
+        K.set_prefetch_wide(prev_wide)
+        K.set_prefetch_l2(prev_l2)

@@ -42,6 +42,16 @@ def set_prefetch_wide(on):
     return prev
 
 
+def set_prefetch_l2(on):
+    """Where the software prefetch hints of the streaming loops put their lines
+    (simd.h's fa_pf_l2): into L2 when on is true, else into L1.  Results never
+    depend on it.  Returns the previous setting."""
+    global fa_pf_l2
+    prev = bool(fa_pf_l2)
+    fa_pf_l2 = 1 if on else 0
+    return prev
+
+
 def set_call_hooks(resolver, checker, foreign_attention, foreign_softmax):
     """The Python functions the argument path calls out to (see fastattn._api)."""
     global _thread_resolver, _check_num_threads, _foreign_attention, _foreign_softmax

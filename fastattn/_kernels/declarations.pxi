@@ -23,6 +23,7 @@ cdef extern from "simd.h" nogil:
     """
     const char *FA_ISA
     int fa_pf_wide
+    int fa_pf_l2
     enum:
         FA_VBYTES
         FA_QVEC_MR

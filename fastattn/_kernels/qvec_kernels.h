@@ -30,11 +30,12 @@
     } while (0)
 #endif
 
-/* St[r][chunk] = sum_d K[r][d] * Qt[d][chunk] for the first mr (constant) keys. */
+/* St[r][chunk] = sum_d K[r][d] * Qt[d][chunk] for the first mr (constant) keys;
+ * pfk: the rows requested meanwhile, into L2 where l2 (a constant) != 0. */
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_qvec_qk_micro)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *restrict qt, int64_t ldq,
                      int64_t D, FA_T *restrict st, int64_t lds, FA_T *restrict mx, const int mr,
-                     const int nv, const FA_T *pfk)
+                     const int nv, const FA_T *pfk, const int l2)
 {
     FA_V acc[FA_QVEC_MRMAX][FA_QVEC_NV];
     const FA_T *kr[FA_QVEC_MRMAX];
@@ -50,7 +51,7 @@ FA_SFX(fa_qvec_qk_micro)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *re
         /* one cache line of each of the next block's rows per line of d */
         if (pfk)
             FA_UNROLL for (int r = 0; r < FA_QVEC_MRMAX; r++)
-                if (r < mr) __builtin_prefetch(pfk + r * ksr + d0, 0, FA_PF_LOC);
+                if (r < mr) fa_prefetch_at(pfk + r * ksr + d0, l2);
         const int64_t d1 = d0 + line < D ? d0 + line : D;
         for (int64_t d = d0; d < d1; d++) {
             FA_V b[FA_QVEC_NV];
@@ -86,7 +87,7 @@ FA_SFX(fa_qvec_qk_micro)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *re
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_qvec_qk_nv)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *qt, int64_t ldq, int64_t D,
                   FA_T *st, int64_t lds, int64_t j0, int64_t j1, FA_T *mx, const int MR, const int nv,
-                  int pf)
+                  int pf, const int l2)
 {
     int64_t j = j0;
     /* with pf (contiguous key rows, first chunk of the tile): each block requests
@@ -94,10 +95,10 @@ FA_SFX(fa_qvec_qk_nv)(const FA_T *k, int64_t ksr, int64_t ksc, const FA_T *qt, i
      * the block's FMAs (the last block requests the next tile's first rows) */
     for (; j + MR <= j1; j += MR)
         FA_SFX(fa_qvec_qk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, mx, MR, nv,
-                             pf ? k + (j + MR) * ksr : NULL);
+                             pf ? k + (j + MR) * ksr : NULL, l2);
     const int64_t rem = j1 - j;
 #define FA_QVEC_QK_TAIL(R) \
-    FA_SFX(fa_qvec_qk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, mx, R, nv, NULL); j += R
+    FA_SFX(fa_qvec_qk_micro)(k + j * ksr, ksr, ksc, qt, ldq, D, st + j * lds, lds, mx, R, nv, NULL, 0); j += R
     FA_QVEC_TAILS(MR, rem, FA_QVEC_QK_TAIL);
 #undef FA_QVEC_QK_TAIL
 }
@@ -111,14 +112,21 @@ static inline void FA_SFX(fa_qvec_qk_chunk)(const FA_T *k, int64_t ksr, int64_t 
     /* contiguous key rows (the usual case) get their own instantiations: with
      * ksc = 1 the broadcasts of a block address one row pointer plus constant
      * offsets, instead of a register per row multiple of ksc (on AVX2 the
-     * general form spills loop registers to the stack) */
-#define FA_QVEC_QK_CONTIG(MR, NV) FA_SFX(fa_qvec_qk_nv)(k, ksr, 1, qt, ldq, D, st, lds, j0, j1, mx, MR, NV, pf)
-#define FA_QVEC_QK_STRIDED(MR, NV) FA_SFX(fa_qvec_qk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, MR, NV, 0)
-    if (ksc == 1)
+     * general form spills loop registers to the stack); requesting the next
+     * rows into L2 (fa_pf_l2) has instantiations of its own, the hint level a
+     * constant: chosen per hint in the loop it cost the float32 prefill 1 %
+     * (paired, Zen 4) */
+#define FA_QVEC_QK_CONTIG(MR, NV) FA_SFX(fa_qvec_qk_nv)(k, ksr, 1, qt, ldq, D, st, lds, j0, j1, mx, MR, NV, pf, 0)
+#define FA_QVEC_QK_CONTIG_L2(MR, NV) FA_SFX(fa_qvec_qk_nv)(k, ksr, 1, qt, ldq, D, st, lds, j0, j1, mx, MR, NV, 1, 1)
+#define FA_QVEC_QK_STRIDED(MR, NV) FA_SFX(fa_qvec_qk_nv)(k, ksr, ksc, qt, ldq, D, st, lds, j0, j1, mx, MR, NV, 0, 0)
+    if (ksc == 1 && pf && fa_pf_l2)
+        FA_QVEC_BY_WIDTH(nv, FA_QVEC_QK_CONTIG_L2);
+    else if (ksc == 1)
         FA_QVEC_BY_WIDTH(nv, FA_QVEC_QK_CONTIG);
     else
         FA_QVEC_BY_WIDTH(nv, FA_QVEC_QK_STRIDED);
 #undef FA_QVEC_QK_CONTIG
+#undef FA_QVEC_QK_CONTIG_L2
 #undef FA_QVEC_QK_STRIDED
 }
 

@@ -106,6 +106,16 @@ static inline void fa_stream_fence(void) {}
  * not the ISA. */
 #  define FA_PF_BYTES 6144
 #endif
+#ifndef FA_PF_L2_BYTES
+/* distance of the L2 hints (prefetcht1) of the float32 / float64 streams of the
+ * few-rows loops where fa_pf_wide is off (AMD): a GQA group's keys key by key,
+ * and its value rows.  Zen 4, GQA decode Hq32 Hkv8 Lk8192 D128, 2 threads, one
+ * build with the distance and hint kind switched at run time: none 2.12-2.58 ms,
+ * prefetcht0 6 KiB ahead 2.09-2.31, L2 2 KiB 2.32-2.46, 4 KiB 1.93, 8 KiB
+ * 1.68-1.85, 12 KiB 1.57-1.83, 24 KiB 1.57-1.64; one hint per 128 or 256 bytes
+ * instead of per line: no gain (docs/performance.rst, "GQA decode: L2 hints") */
+#  define FA_PF_L2_BYTES 12288
+#endif
 #ifndef FA_RESCALE_SLACK
 /* query-vectorised online softmax: the running reference max moves only when a
  * tile's max exceeds it by more than this, so probabilities stay <= e^4 ~ 55
@@ -119,6 +129,23 @@ static inline void fa_stream_fence(void) {}
 #  define FA_PF_LOC 3        /* __builtin_prefetch locality: 3 = prefetcht0 */
 #endif
 
+/* Where the query-vectorised Q.K^T kernel's hints for the next key rows
+ * (fa_qvec_qk_micro) put their lines: 0 into L1 (FA_PF_LOC: prefetcht0), 1 into
+ * L2 (prefetcht1).  Set once at import from fastattn._memory.prefetch_l2 (on for
+ * AMD CPUs, off elsewhere; FASTATTN_PREFETCH_L2 overrides).  Zen 4, 16 query
+ * rows against 8192 keys from memory: 1.14-1.18x faster into L2, prefill level
+ * (docs/performance.rst, "Prefetch hints into L2 on AMD").  The level is a
+ * constant of each instantiation (fa_qvec_qk_chunk): a branch per hint cost the
+ * prefill 1 % and the one-row QuantizedKV decode 1.6x.  Never changes a result. */
+static int fa_pf_l2 __attribute__((unused)) = 0;
+
+/* One hint for the line at p: into L2 where l2 (a constant) != 0, else into L1. */
+static inline __attribute__((always_inline)) void fa_prefetch_at(const void *p, const int l2)
+{
+    if (l2) __builtin_prefetch(p, 0, 2);
+    else __builtin_prefetch(p, 0, FA_PF_LOC);
+}
+
 /* Prefetch hints for nbytes from p (one per cache line), and how many rows of
  * row_bytes the prefetch distance FA_PF_BYTES covers (at least one).  The loops
  * that stream keys and values from memory use these, by element type through
@@ -131,10 +158,15 @@ static inline void fa_prefetch_bytes(const void *p, int64_t nbytes)
 
 /* the same into L2 only (prefetcht1 on x86): data wanted a little later, which
  * should not push the current rows out of L1 */
+static inline __attribute__((always_inline)) void fa_prefetch_l2(const void *p)
+{
+    __builtin_prefetch(p, 0, 2);
+}
+
 static inline void fa_prefetch_l2_bytes(const void *p, int64_t nbytes)
 {
     const char *c = (const char *)p;
-    for (int64_t b = 0; b < nbytes; b += 64) __builtin_prefetch(c + b, 0, 2);
+    for (int64_t b = 0; b < nbytes; b += 64) fa_prefetch_l2(c + b);
 }
 
 /* Software prefetch of the key and value rows of 4- and 8-byte elements (float32,

@@ -42,11 +42,12 @@ static inline void FA_SSFX(fa_pack_transposed)(const FA_S *q, const int64_t *qof
  * accumulate from zero, then add to O once) on mr (<= FA_PV_MR) rows and nv (<= FA_PV_NV) vectors of
  * columns, both compile-time constants after inlining:
  * O[0:mr, :nv*W] += P[0:mr, k0:k1] . V[k0:k1, :nv*W].  pfn > 0: the value rows
- * pf further on are requested, pfn elements each (V streamed from memory). */
+ * pf further on are requested, pfn elements each (V streamed from memory), into
+ * L1 or, l2 != 0, into L2 (fa_prefetch_l2). */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict vp, int64_t ldv,
                     int64_t k0, int64_t k1, FA_T *restrict o, int64_t ldo, const int mr, const int nv,
-                    int64_t pf, int64_t pfn)
+                    int64_t pf, int64_t pfn, int l2)
 {
     FA_V acc[FA_PV_MRX][FA_PV_NV];
     FA_UNROLL for (int i = 0; i < FA_PV_MRX; i++)
@@ -54,7 +55,8 @@ FA_SSFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict v
             if (i < mr && v < nv) acc[i][v] = FA_SFX(fa_set1)(0);
     for (int64_t k = k0; k < k1; k++) {
         FA_V b[FA_PV_NV];
-        if (pfn) FA_SSFX(fa_prefetch_s)(vp + (k + pf) * ldv, pfn);
+        if (pfn && l2) fa_prefetch_l2_bytes(vp + (k + pf) * ldv, pfn * (int64_t)sizeof(FA_S));
+        else if (pfn) FA_SSFX(fa_prefetch_s)(vp + (k + pf) * ldv, pfn);
         FA_UNROLL for (int v = 0; v + 1 < FA_PV_NV; v += 2)
             if (v + 1 < nv) FA_SSFX(fa_load2_raw_s)(vp + k * ldv + v * FA_W, b + v);
         if (nv % 2) b[nv - 1] = FA_SSFX(fa_load_raw_s)(vp + k * ldv + (nv - 1) * FA_W);
@@ -74,19 +76,20 @@ FA_SSFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict v
 
 /* O[0:mr, 0:nvec*W] += P[0:mr, k0:k1] . V[k0:k1, 0:nvec*W] (mr a compile-time
  * constant after inlining), in column chunks of FA_PV_NV vectors and one chunk
- * of the rest.  pfn > 0: the first chunk requests the value rows pf ahead. */
+ * of the rest.  pfn > 0: the first chunk requests the value rows pf ahead (into
+ * L2 where l2 != 0). */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_pv_cols)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict vp, int64_t ldv,
                    int64_t k0, int64_t k1, FA_T *restrict o, int64_t ldo, int64_t nvec, const int mr,
-                   int64_t pf, int64_t pfn)
+                   int64_t pf, int64_t pfn, int l2)
 {
     int64_t c = 0;
     for (; c + FA_PV_NV <= nvec; c += FA_PV_NV, pfn = 0)
-        FA_SSFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, FA_PV_NV, pf, pfn);
+        FA_SSFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, FA_PV_NV, pf, pfn, l2);
     switch (nvec - c) {
-    case 1: FA_SSFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 1, pf, pfn); break;
-    case 2: FA_SSFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 2, pf, pfn); break;
-    case 3: FA_SSFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 3, pf, pfn); break;
+    case 1: FA_SSFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 1, pf, pfn, l2); break;
+    case 2: FA_SSFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 2, pf, pfn, l2); break;
+    case 3: FA_SSFX(fa_pv_micro)(p, ldp, vp + c * FA_W, ldv, k0, k1, o + c * FA_W, ldo, mr, 3, pf, pfn, l2); break;
     default: break;
     }
 }
@@ -214,8 +217,9 @@ FA_SSFX(fa_qk_step)(const FA_T *qp, int64_t ldq, const int R, int nk, const FA_S
  * rows pf rows further on is requested: per 64-byte line where the storage type
  * takes the line-by-line loop (fa_line_vecs_s: float16), else per key vector.
  * In that loop the query vectors are held in registers (FA_IN_REG).
- * keymajor (float32 / float64 keys read without software prefetch, see
- * fa_qk_rows_r): a whole group's keys one after the other, the same bits. */
+ * keymajor (float32 / float64 keys read without L1 hints, see fa_qk_rows_r):
+ * a whole group's keys one after the other, the same bits, pf != 0 the L2
+ * hints' distance in rows. */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_S *kg, int64_t ksr,
                    int nk, int64_t pf, FA_T *s, int64_t lds, int keymajor)
@@ -230,10 +234,12 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
          * sequential stream for the hardware prefetchers (key u's vector d, then
          * d + W, ..., then key u + 1) instead of G streams a row apart.  Each
          * accumulator sees the same products in the same order of d, so the
-         * same bits; R chains per key, not R * G */
+         * same bits; R chains per key, not R * G.  pf != 0: each line of the
+         * row pf rows further on is requested into L2 (fa_prefetch_l2) */
         FA_UNROLL for (int u = 0; u < G; u++) {
             const FA_S *kr = kg + u * ksr;
             for (d = 0; d < D; d += FA_W) {
+                if (pf && FA_SSFX(fa_line_start_s)(d)) fa_prefetch_l2(kr + pf * ksr + d);
                 const FA_V kv = FA_SSFX(fa_load_raw_s)(kr + d);
                 FA_UNROLL for (int i = 0; i < R; i++)
                     r[i * G + u] += FA_SFX(fa_load)(qp + i * ldq + d) * kv;
@@ -304,9 +310,8 @@ FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_
 {
     const int G = FA_QK_PAIRS / R;
     const int64_t pfr = FA_SSFX(fa_pf_rows_s)(D);
-    /* float32 / float64 keys streamed where wide rows go without software
-     * prefetch (fa_pf_wide off: AMD): no hints, and each group's keys read key
-     * by key.  On a Zen 4 the group order (G rows a key row apart, a 64-byte
+    /* float32 / float64 keys streamed where wide rows go without L1 hints
+     * (fa_pf_wide off: AMD): each group's keys read key by key, with L2 hints.  On a Zen 4 the group order (G rows a key row apart, a 64-byte
      * line of each in turn) kept the hardware prefetchers from streaming:
      * GQA decode Hq32 Hkv8 Lk8192 D128: one thread 6.6-7.3 -> 4.1-4.2 ms, two 3.2-3.5 -> 2.3-2.4
      * (docs/performance.rst, "GQA decode: keys in order") */
@@ -315,7 +320,9 @@ FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_
 #else
     const int keymajor = 0;
 #endif
-    const int64_t pf = !stream || keymajor ? 0 : pfr > G ? pfr : G;
+    /* keymajor: L2 hints FA_PF_L2_BYTES ahead (docs/performance.rst, "GQA
+     * decode: L2 hints"): GQA decode 2.12-2.58 -> 1.57-1.83 ms on 2 Zen 4 threads */
+    const int64_t pf = !stream ? 0 : keymajor ? FA_SSFX(fa_pf_l2_rows_s)(D) : pfr > G ? pfr : G;
     int64_t j = 0;
     for (; j + G <= n; j += G)
         FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, G, pf, s + j, lds, keymajor);
@@ -476,15 +483,17 @@ static inline void FA_SSFX(fa_pv_row1)(const FA_T *p, const FA_S *vv, int64_t ld
 static inline void FA_SSFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, const FA_S *vv, int64_t ldv,
                                       int64_t k0, int64_t k1, FA_T *o, int64_t ldo, int64_t nvec)
 {
-    const int64_t pf = FA_SSFX(fa_pf_rows_s)(nvec * FA_W);
+    /* the first block of rows streams the value rows and requests them ahead:
+     * into L1 where the storage type's rows are hinted, else (float32 / float64
+     * on AMD) into L2, FA_PF_L2_BYTES ahead */
+    const int l2 = !FA_SSFX(fa_pf_hinted_s)();
+    const int64_t pf = l2 ? FA_SSFX(fa_pf_l2_rows_s)(nvec * FA_W) : FA_SSFX(fa_pf_rows_s)(nvec * FA_W);
     int64_t i0 = 0;
     while (nr - i0 >= 2) {
         const int mr = nr - i0 < FA_PV_MR ? (int)(nr - i0) : FA_PV_MR;
         const FA_T *pi = p + i0 * ldp;
         FA_T *oi = o + i0 * ldo;
-        /* value rows requested ahead where the storage type's rows are hinted
-         * (not float32 / float64 on AMD: the hardware prefetchers stream them) */
-        int64_t pfn = i0 == 0 && FA_SSFX(fa_pf_hinted_s)() ? nvec * FA_W : 0;
+        int64_t pfn = i0 == 0 ? nvec * FA_W : 0;
 #if FA_PV_MR < 4 && !defined(FA_S_NATIVE)
         if (nr - i0 == 4) {
             /* four rows left (a GQA group of 4) on a 3-row target, values widened from a
@@ -497,15 +506,15 @@ static inline void FA_SSFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, c
              * and ~10 % on two (docs/performance.rst) */
             int64_t c = 0;
             for (; c + 2 <= nvec; c += 2, pfn = 0)
-                FA_SSFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, 4, 2, pf, pfn);
+                FA_SSFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, 4, 2, pf, pfn, l2);
             if (c < nvec)
-                FA_SSFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, 4, 1, pf, pfn);
+                FA_SSFX(fa_pv_micro)(pi, ldp, vv + c * FA_W, ldv, k0, k1, oi + c * FA_W, ldo, 4, 1, pf, pfn, l2);
             i0 += 4;
             continue;
         }
 #endif
 #define FA_PV_ROWS_CASE(MR) \
-        case MR: FA_SSFX(fa_pv_cols)(pi, ldp, vv, ldv, k0, k1, oi, ldo, nvec, MR, pf, pfn); break;
+        case MR: FA_SSFX(fa_pv_cols)(pi, ldp, vv, ldv, k0, k1, oi, ldo, nvec, MR, pf, pfn, l2); break;
         switch (mr) {
         FA_PV_ROWS_CASE(2)
 #if FA_PV_MR >= 3

@@ -51,7 +51,7 @@ static inline void FA_SFX(fa_pv_block)(const FA_T *restrict p, int64_t ldp, cons
                                        int64_t ldv, int64_t k0, int64_t k1, FA_T *restrict o,
                                        int64_t ldo, int64_t nvec)
 {
-    FA_SFX(fa_pv_cols)(p, ldp, vp, ldv, k0, k1, o, ldo, nvec, FA_PV_MR, 0, 0);
+    FA_SFX(fa_pv_cols)(p, ldp, vp, ldv, k0, k1, o, ldo, nvec, FA_PV_MR, 0, 0, 0);
 }
 
 /* x[j] = -inf where m[j] is 0 (a row's boolean mask over contiguous bytes),

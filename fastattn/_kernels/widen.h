@@ -263,3 +263,10 @@ static inline int64_t FA_SSFX(fa_pf_rows_s)(int64_t row_elems)
 {
     return fa_pf_rows_bytes(row_elems * (int64_t)sizeof(FA_S));
 }
+
+/* the same for the L2 hints' distance FA_PF_L2_BYTES */
+static inline int64_t FA_SSFX(fa_pf_l2_rows_s)(int64_t row_elems)
+{
+    const int64_t b = row_elems * (int64_t)sizeof(FA_S);
+    return b > 0 && b < FA_PF_L2_BYTES ? (FA_PF_L2_BYTES + b - 1) / b : 1;
+}
