@@ -167,57 +167,42 @@ def test_show_config_names_the_variant(capsys):
     assert table[_dispatch.VARIANT].description in out
 
 
-def test_prefetch_wide_by_vendor_and_environment(monkeypatch):
-    """The one-row loops prefetch float32 / float64 rows except on AMD CPUs; FASTATTN_PREFETCH_WIDE
-    = 0 / 1 overrides, anything else warns and is ignored; show_config says which."""
+# (function of fastattn._memory, its variable, its value on AMD, show_config's words for on / off)
+_PREFETCH_SWITCHES = [
+    ("prefetch_wide", "FASTATTN_PREFETCH_WIDE", False,
+     ("one-row decode units prefetched", "one-row decode units left to the hardware prefetchers")),
+    ("prefetch_l2", "FASTATTN_PREFETCH_L2", True,
+     ("requested into L2 (prefetcht1)", "requested into L1 (prefetcht0)")),
+]
+
+
+@pytest.mark.parametrize("name, var, amd, words", _PREFETCH_SWITCHES)
+def test_prefetch_switches_by_vendor_and_environment(monkeypatch, name, var, amd, words):
+    """prefetch_wide: the one-row loops prefetch float32 / float64 rows except on AMD
+    CPUs; prefetch_l2: the query-vectorised key hints go into L2 on AMD CPUs, into L1
+    elsewhere.  Their variable = 0 / 1 overrides (spaces ignored), anything else
+    warns and is ignored; show_config says which, and names the variable when set."""
     import io
 
     import fastattn
     from fastattn import _memory
 
-    monkeypatch.delenv("FASTATTN_PREFETCH_WIDE", raising=False)
-    assert _memory.prefetch_wide("AuthenticAMD") is False
-    assert _memory.prefetch_wide("GenuineIntel") is True and _memory.prefetch_wide("") is True
-    monkeypatch.setenv("FASTATTN_PREFETCH_WIDE", " 1 ")
-    assert _memory.prefetch_wide("AuthenticAMD") is True
-    monkeypatch.setenv("FASTATTN_PREFETCH_WIDE", "0")
-    assert _memory.prefetch_wide("GenuineIntel") is False
-    out = fastattn.show_config(file=io.StringIO())
-    assert "left to the hardware prefetchers (FASTATTN_PREFETCH_WIDE)" in out
+    switch = getattr(_memory, name)
+    monkeypatch.delenv(var, raising=False)
+    assert switch("AuthenticAMD") is amd
+    assert switch("GenuineIntel") is (not amd) and switch("") is (not amd)
+    monkeypatch.setenv(var, " 1 ")
+    assert switch("AuthenticAMD") is True and switch("GenuineIntel") is True
+    monkeypatch.setenv(var, "0")
+    assert switch("AuthenticAMD") is False and switch("GenuineIntel") is False
+    assert f"{words[1]} ({var})" in fastattn.show_config(file=io.StringIO())
     for bad in ("2", "yes", "on", "-1"):
-        monkeypatch.setenv("FASTATTN_PREFETCH_WIDE", bad)
-        with pytest.warns(RuntimeWarning, match="FASTATTN_PREFETCH_WIDE"):
-            assert _memory.prefetch_wide("AuthenticAMD") is False
-    monkeypatch.delenv("FASTATTN_PREFETCH_WIDE")
-    want = "prefetched" if _cpu.cpu_vendor() != "AuthenticAMD" else "left to the hardware prefetchers"
-    assert f"one-row decode units {want}\n" in fastattn.show_config(file=io.StringIO())
-
-
-def test_prefetch_l2_by_vendor_and_environment(monkeypatch):
-    """The streaming loops' prefetch hints go into L2 on AMD CPUs, into L1 elsewhere;
-    FASTATTN_PREFETCH_L2 = 0 / 1 overrides, anything else warns and is ignored;
-    show_config says which."""
-    import io
-
-    import fastattn
-    from fastattn import _memory
-
-    monkeypatch.delenv("FASTATTN_PREFETCH_L2", raising=False)
-    assert _memory.prefetch_l2("AuthenticAMD") is True
-    assert _memory.prefetch_l2("GenuineIntel") is False and _memory.prefetch_l2("") is False
-    monkeypatch.setenv("FASTATTN_PREFETCH_L2", " 0 ")
-    assert _memory.prefetch_l2("AuthenticAMD") is False
-    monkeypatch.setenv("FASTATTN_PREFETCH_L2", "1")
-    assert _memory.prefetch_l2("GenuineIntel") is True
-    out = fastattn.show_config(file=io.StringIO())
-    assert "requested into L2 (prefetcht1) (FASTATTN_PREFETCH_L2)" in out
-    for bad in ("2", "yes", "off", "-1"):
-        monkeypatch.setenv("FASTATTN_PREFETCH_L2", bad)
-        with pytest.warns(RuntimeWarning, match="FASTATTN_PREFETCH_L2"):
-            assert _memory.prefetch_l2("AuthenticAMD") is True
-    monkeypatch.delenv("FASTATTN_PREFETCH_L2")
-    want = "L2 (prefetcht1)" if _cpu.cpu_vendor() == "AuthenticAMD" else "L1 (prefetcht0)"
-    assert f"requested into {want}\n" in fastattn.show_config(file=io.StringIO())
+        monkeypatch.setenv(var, bad)
+        with pytest.warns(RuntimeWarning, match=var):
+            assert switch("AuthenticAMD") is amd
+    monkeypatch.delenv(var)
+    here = amd if _cpu.cpu_vendor() == "AuthenticAMD" else not amd
+    assert f"{words[0] if here else words[1]}\n" in fastattn.show_config(file=io.StringIO())
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int8])
