@@ -235,7 +235,7 @@ def _format(cfg: Dict[str, Any]) -> str:
             f"{'prefetched' if cfg['prefetch_wide'] else 'left to the hardware prefetchers'}{env}")
     if cfg.get("prefetch_l2") is not None:
         env = " (FASTATTN_PREFETCH_L2)" if os.environ.get("FASTATTN_PREFETCH_L2", "").strip() else ""
-        add(f"  prefetch level      : query-vectorised key rows requested into "
+        add(f"  prefetch level      : decode and query-vectorised key / value rows requested into "
             f"{'L2 (prefetcht1)' if cfg['prefetch_l2'] else 'L1 (prefetcht0)'}{env}")
     add(f"CPU features          : {_fmt_features(cfg['cpu_features'])}")
     add("OpenMP")

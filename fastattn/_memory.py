@@ -104,11 +104,13 @@ def prefetch_wide(vendor: str) -> bool:
 
 
 def prefetch_l2(vendor: str) -> bool:
-    """Whether the query-vectorised kernel's software prefetch hints for the
-    next key rows put their lines into L2 (``prefetcht1``) rather than L1
-    (``prefetcht0``): on AMD CPUs (``vendor`` as CPUID spells it) -- on a Zen 4,
-    16 query rows against keys from memory ran 1.14-1.18x faster, the prefill
-    level -- and not elsewhere (the L1 hints were tuned on Intel Xeon).
+    """Whether the software prefetch hints of the query-vectorised kernel (next
+    key rows), the one-row decode loops and the QuantizedKV readers put their
+    lines into L2 (``prefetcht1``) rather than L1 (``prefetcht0``): on AMD CPUs
+    (``vendor`` as CPUID spells it) -- on a Zen 4, 16 query rows against keys
+    from memory ran 1.14-1.18x faster and the one-row decode of QuantizedKV,
+    int8 and float16 caches faster, the prefill level -- and not elsewhere (the
+    L1 hints were tuned on Intel Xeon).
     ``FASTATTN_PREFETCH_L2`` = ``1`` / ``0`` overrides.  (The float32 / float64
     streams of few query rows without :func:`prefetch_wide` always use L2
     hints.)  Results never depend on it."""

@@ -211,8 +211,8 @@ def test_prefetch_hints_never_change_a_result(dtype):
     with the hints into L1 or into L2 (all four settings): decode (one row per head,
     D a multiple of the vector and not), grouped-query rows, draft rows, 16 rows
     (query-vectorised, the key panels' hints), a paged decode, one and two threads,
-    keys and values of the storage type (float16 / int8: q float32); the settings
-    are restored.  With the wide hints off, the few-rows scores also read a group's
+    keys and values of the storage type (float16 / int8: q float32; with int8 also
+    QuantizedKV u8 / u4 caches); the settings are restored.  With the wide hints off, the few-rows scores also read a group's
     keys key by key (stored_reads.h): GQA groups of 2, 3, 4 and 8 rows, D a multiple
     of the vector (that order) and not (the group order)."""
     import fastattn
@@ -231,6 +231,12 @@ def test_prefetch_hints_never_change_a_result(dtype):
         k = store(rng.standard_normal((2, hkv, 777, d)))
         v = store(rng.standard_normal((2, hkv, 777, d)))
         cases.append(lambda nt, q=q, k=k, v=v: fastattn.attention(q, k, v, num_threads=nt))
+    if dtype == np.int8:    # and QuantizedKV caches (u8 / u4 readers): one row per head, GQA rows
+        for hq, hkv, d, bits in ((4, 4, 128, 8), (8, 2, 64, 8), (4, 4, 128, 4), (8, 2, 64, 4)):
+            q = rng.standard_normal((2, hq, 1, d)).astype(np.float32)
+            k, v = (fastattn.quantize_kv(rng.standard_normal((2, hkv, 777, d)).astype(np.float32), bits=bits)
+                    for _ in range(2))
+            cases.append(lambda nt, q=q, k=k, v=v: fastattn.attention(q, k, v, num_threads=nt))
     kc = store(rng.standard_normal((40, 2, 16, 64)))
     vc = store(rng.standard_normal((40, 2, 16, 64)))
     table = rng.permutation(40).reshape(2, 20)

@@ -157,7 +157,7 @@ static inline __attribute__((always_inline)) void
 FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64_t D, const uint8_t *x, int64_t xsr,
                       const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
                       int64_t G, int nk, float *s, int64_t lds, const int bits, int64_t pf, const int one,
-                      const float *ql)
+                      const float *ql, const int l2)
 {
     const int U = FA_W / R;
     const int64_t rb = D * bits / 8;
@@ -165,9 +165,9 @@ FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64
     FA_UNROLL for (int a = 0; a < FA_W; a++) r[a] = FA_SFX(fa_set1)(0);
     if (pf)
         for (int u = 0; u < nk; u++) {
-            fa_prefetch_bytes(x + (u + pf) * xsr, rb);
-            __builtin_prefetch(scale + (u + pf) * ssr, 0, FA_PF_LOC);
-            __builtin_prefetch(zero + (u + pf) * zsr, 0, FA_PF_LOC);
+            fa_prefetch_bytes_at(x + (u + pf) * xsr, rb, l2);
+            fa_prefetch_at(scale + (u + pf) * ssr, l2);
+            fa_prefetch_at(zero + (u + pf) * zsr, l2);
         }
     int64_t d = 0;
     if (bits == 4)      /* two vectors of 4-bit codes from one split (fa_load2_u4) */
@@ -232,7 +232,7 @@ static inline __attribute__((always_inline)) void
 FA_SFX(fa_qk_rows_qz_r)(const float *qp, int64_t ldq, const int R, int nrow, int64_t D, const uint8_t *x,
                         int64_t xsr, const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
                         int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds, const int bits, const int one,
-                        const float *qs)
+                        const float *qs, const int l2)
 {
     const int U = FA_W / R;
     const int64_t pfr = fa_pf_rows_bytes(D * bits / 8), pf = pfr > U ? pfr : U;
@@ -241,16 +241,16 @@ FA_SFX(fa_qk_rows_qz_r)(const float *qp, int64_t ldq, const int R, int nrow, int
     int64_t j = 0;
     for (; j + U <= n; j += U)
         FA_SFX(fa_qk_pass_qz)(qp, ldq, R, nrow, D, x + j * xsr, xsr, scale + j * ssr, ssr, ssc, zero + j * zsr, zsr,
-                              zsc, G, U, s + j, lds, bits, pf, one, ql);
+                              zsc, G, U, s + j, lds, bits, pf, one, ql, l2);
     if (j < n)
         FA_SFX(fa_qk_pass_qz)(qp, ldq, R, nrow, D, x + j * xsr, xsr, scale + j * ssr, ssr, ssc, zero + j * zsr, zsr,
-                              zsc, G, (int)(n - j), s + j, lds, bits, 0, one, ql);
+                              zsc, G, (int)(n - j), s + j, lds, bits, 0, one, ql, l2);
 }
 
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_qk_rows_qz_bits)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
                            const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
-                           int64_t G, int64_t n, float *s, int64_t lds, const int bits, const int one)
+                           int64_t G, int64_t n, float *s, int64_t lds, const int bits, const int one, const int l2)
 {
     /* blocks of up to 4 rows (qp holds zero rows up to nr rounded up: rows_alloc),
      * 3 rows as 4; one row: W keys per pass.  One group per row (G = D): the
@@ -269,14 +269,14 @@ FA_SFX(fa_qk_rows_qz_bits)(const float *qp, int64_t ldq, int64_t nr, int64_t D, 
             }
         if (rows == 1)
             FA_SFX(fa_qk_rows_qz_r)(q, ldq, 1, 1, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, si, lds, bits,
-                                    one, qs);
+                                    one, qs, l2);
         else if (rows == 2 || FA_W < 4)
             for (int a = 0; a < rows; a += 2)
                 FA_SFX(fa_qk_rows_qz_r)(q + a * ldq, ldq, 2, rows - a < 2 ? rows - a : 2, D, x, xsr, scale, ssr,
-                                        ssc, zero, zsr, zsc, G, n, si + a * lds, lds, bits, one, qs + a);
+                                        ssc, zero, zsr, zsc, G, n, si + a * lds, lds, bits, one, qs + a, l2);
         else
             FA_SFX(fa_qk_rows_qz_r)(q, ldq, 4, rows, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, si, lds, bits,
-                                    one, qs);
+                                    one, qs, l2);
     }
 }
 
@@ -352,15 +352,15 @@ static inline __attribute__((always_inline)) void
 FA_SFX(fa_qk_pass_u4l)(const float *Q, const float *QS, const int R, int nrow, int64_t D, const uint8_t *x,
                        int64_t xsr, const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
                        int64_t zsc, const int64_t (*go)[2], const int NG, int nk, float *s, int64_t lds, int64_t pf,
-                       const int one, const float *ql)
+                       const int one, const float *ql, const int l2)
 {
     const int U = FA_W / R;
     float rb[FA_W * FA_W] __attribute__((aligned(64)));
     if (pf)
         for (int u = 0; u < nk; u++) {
-            fa_prefetch_bytes(x + (u + pf) * xsr, D / 2);
-            __builtin_prefetch(scale + (u + pf) * ssr, 0, FA_PF_LOC);
-            __builtin_prefetch(zero + (u + pf) * zsr, 0, FA_PF_LOC);
+            fa_prefetch_bytes_at(x + (u + pf) * xsr, D / 2, l2);
+            fa_prefetch_at(scale + (u + pf) * ssr, l2);
+            fa_prefetch_at(zero + (u + pf) * zsr, l2);
         }
 #pragma GCC unroll 1
     for (int u = 0; u < U; u++) {
@@ -403,7 +403,7 @@ static inline __attribute__((always_inline)) void
 FA_SFX(fa_qk_rows_u4l_r)(const float *Q, const float *QS, const int R, int nrow, int64_t D, const uint8_t *x,
                          int64_t xsr, const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
                          int64_t zsc, const int64_t (*go)[2], const int NG, int64_t n, float *s, int64_t lds, const int one,
-                         const float *qs)
+                         const float *qs, const int l2)
 {
     const int U = FA_W / R;
     const int64_t pfr = fa_pf_rows_bytes(D / 2), pf = pfr > U ? pfr : U;
@@ -412,10 +412,10 @@ FA_SFX(fa_qk_rows_u4l_r)(const float *Q, const float *QS, const int R, int nrow,
     int64_t j = 0;
     for (; j + U <= n; j += U)
         FA_SFX(fa_qk_pass_u4l)(Q, QS, R, nrow, D, x + j * xsr, xsr, scale + j * ssr, ssr, ssc, zero + j * zsr, zsr,
-                               zsc, go, NG, U, s + j, lds, pf, one, ql);
+                               zsc, go, NG, U, s + j, lds, pf, one, ql, l2);
     if (j < n)
         FA_SFX(fa_qk_pass_u4l)(Q, QS, R, nrow, D, x + j * xsr, xsr, scale + j * ssr, ssr, ssc, zero + j * zsr, zsr,
-                               zsc, go, NG, (int)(n - j), s + j, lds, 0, one, ql);
+                               zsc, go, NG, (int)(n - j), s + j, lds, 0, one, ql, l2);
 }
 
 /* nr rows of qp (ldq apart, pre-scaled) in blocks of up to 4, as fa_qk_rows_qz_bits:
@@ -423,7 +423,7 @@ FA_SFX(fa_qk_rows_u4l_r)(const float *Q, const float *QS, const int R, int nrow,
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_qk_rows_u4l_ng)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
                           const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc,
-                          int64_t G, int64_t n, float *s, int64_t lds, const int NG, const int one)
+                          int64_t G, int64_t n, float *s, int64_t lds, const int NG, const int one, const int l2)
 {
     float Q[4 * FA_U4L_DMAX], QS[4 * FA_U4L_DMAX / 8];
     int64_t go[FA_U4L_DMAX / 32][2];    /* each chunk's first group: scale, zero offsets */
@@ -460,7 +460,7 @@ FA_SFX(fa_qk_rows_u4l_ng)(const float *qp, int64_t ldq, int64_t nr, int64_t D, c
         }
 #define FA_U4L_R(R, NROW, OFF)                                                                                  \
         FA_SFX(fa_qk_rows_u4l_r)(Q + (OFF) * D, QS + (OFF) * (D / 8), R, NROW, D, x, xsr, scale, ssr, ssc, zero, \
-                                 zsr, zsc, go, NG, n, si + (OFF) * lds, lds, one, qs + (OFF))
+                                 zsr, zsc, go, NG, n, si + (OFF) * lds, lds, one, qs + (OFF), l2)
         if (Rb == 1)
             FA_U4L_R(1, 1, 0);
         else if (Rb == 2)
@@ -471,42 +471,58 @@ FA_SFX(fa_qk_rows_u4l_ng)(const float *qp, int64_t ldq, int64_t nr, int64_t D, c
     }
 }
 
-static void FA_SFX(fa_qk_rows_u4l)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x,
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_rows_u4l)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x,
                                    int64_t xsr, const float *scale, int64_t ssr, int64_t ssc, const float *zero,
-                                   int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds, int NG)
+                                   int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds, int NG,
+                       const int l2)
 {
     /* one group per row (G == D) only with NG == 1 */
     if (G == D)
-        FA_SFX(fa_qk_rows_u4l_ng)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 1, 1);
+        FA_SFX(fa_qk_rows_u4l_ng)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 1, 1, l2);
     else if (NG == 1)
-        FA_SFX(fa_qk_rows_u4l_ng)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 1, 0);
+        FA_SFX(fa_qk_rows_u4l_ng)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 1, 0, l2);
     else if (NG == 2)
-        FA_SFX(fa_qk_rows_u4l_ng)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 2, 0);
+        FA_SFX(fa_qk_rows_u4l_ng)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 2, 0, l2);
     else
-        FA_SFX(fa_qk_rows_u4l_ng)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4, 0);
+        FA_SFX(fa_qk_rows_u4l_ng)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4, 0, l2);
 }
 #endif
 
-static void FA_SFX(fa_qk_rows_qz)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
-                                  int bits, const float *scale, int64_t ssr, int64_t ssc, const float *zero,
-                                  int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds)
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_qk_rows_qz_l)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
+                        int bits, const float *scale, int64_t ssr, int64_t ssc, const float *zero,
+                        int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds, const int l2)
 {
 #ifdef FA_U4L_DMAX
     const int ng = bits == 4 ? FA_SFX(fa_u4l_groups)(D, G) : 0;
     if (ng) {
-        FA_SFX(fa_qk_rows_u4l)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, ng);
+        FA_SFX(fa_qk_rows_u4l)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, ng, l2);
         return;
     }
 #endif
     if (G == D) {
         if (bits == 8)
-            FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8, 1);
+            FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8, 1, l2);
         else
-            FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4, 1);
+            FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4, 1, l2);
     } else if (bits == 8)
-        FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8, 0);
+        FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 8, 0, l2);
     else
-        FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4, 0);
+        FA_SFX(fa_qk_rows_qz_bits)(qp, ldq, nr, D, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 4, 0, l2);
+}
+
+/* the score readers with the hint level (fa_pf_l2) a constant of each
+ * instantiation: a branch per hint spilled the loops' registers (one-row u8
+ * decode 1.6x slower) */
+static void FA_SFX(fa_qk_rows_qz)(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *x, int64_t xsr,
+                                  int bits, const float *scale, int64_t ssr, int64_t ssc, const float *zero,
+                                  int64_t zsr, int64_t zsc, int64_t G, int64_t n, float *s, int64_t lds)
+{
+    if (fa_pf_l2)
+        FA_SFX(fa_qk_rows_qz_l)(qp, ldq, nr, D, x, xsr, bits, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 1);
+    else
+        FA_SFX(fa_qk_rows_qz_l)(qp, ldq, nr, D, x, xsr, bits, scale, ssr, ssc, zero, zsr, zsc, G, n, s, lds, 0);
 }
 
 #define FA_PV_QZ_WK 128    /* keys per run of fa_pv_rows_qz_r's precomputed weights */
@@ -524,7 +540,7 @@ static inline __attribute__((always_inline)) void
 FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
                       int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t k0, int64_t k1,
                       float *o, int64_t ldo, int64_t d, const int R, const int NB, const int bits, int64_t pf,
-                      int64_t rb, const int VPG, const float *wt)
+                      int64_t rb, const int VPG, const float *wt, const int l2)
 {
     FA_V acc[4][8];
     int64_t so[8], zo[8];
@@ -537,9 +553,9 @@ FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr
         const uint8_t *xr = x + j * xsr;
         const float *sr = scale + j * ssr, *zr = zero + j * zsr;
         if (pf) {
-            fa_prefetch_bytes(xr + pf * xsr, rb);
-            __builtin_prefetch(sr + pf * ssr, 0, FA_PF_LOC);
-            __builtin_prefetch(zr + pf * zsr, 0, FA_PF_LOC);
+            fa_prefetch_bytes_at(xr + pf * xsr, rb, l2);
+            fa_prefetch_at(sr + pf * ssr, l2);
+            fa_prefetch_at(zr + pf * zsr, l2);
         }
         float pj[4];
         if (!wt) FA_UNROLL for (int r = 0; r < R; r++) pj[r] = p[r * ldp + j];
@@ -574,7 +590,7 @@ FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_pv_rows_qz_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
                         int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t k0, int64_t k1,
-                        float *o, int64_t ldo, int64_t D, const int R, const int bits)
+                        float *o, int64_t ldo, int64_t D, const int R, const int bits, const int l2)
 {
     const int NB = R == 1 ? 8 : R == 2 || FA_VBYTES >= 64 ? 4 : 2;   /* R x NB accumulators: 8 or 16 */
     const int64_t rb = D * bits / 8, pfr = fa_pf_rows_bytes(rb);
@@ -582,7 +598,7 @@ FA_SFX(fa_pv_rows_qz_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t x
 #define FA_PV_QZ_BLOCKS(VPG)                                                                               \
     for (; d + NB * FA_W <= D; d += NB * FA_W)                                                            \
         FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, R, NB, bits, \
-                              d == 0 ? pfr : 0, rb, VPG, NULL)
+                              d == 0 ? pfr : 0, rb, VPG, NULL, l2)
     if (G % (NB * FA_W) == 0 && R > 1) {
         /* every block inside one group: the rows' weights p * scale of a group's
          * keys computed once for all its blocks (G = D, the 8-bit default: once
@@ -601,7 +617,7 @@ FA_SFX(fa_pv_rows_qz_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t x
                     for (int64_t j = ka; j < kz; j++) wt[r * FA_PV_QZ_WK + j - ka] = p[r * ldp + j] * sg[j * ssr];
                 for (d = g0; d < g0 + G; d += NB * FA_W)
                     FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, ka, kz, o, ldo, d, R,
-                                          NB, bits, d == 0 ? pfr : 0, rb, NB, wt);
+                                          NB, bits, d == 0 ? pfr : 0, rb, NB, wt, l2);
             }
         }
         return;
@@ -615,7 +631,7 @@ FA_SFX(fa_pv_rows_qz_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t x
 #undef FA_PV_QZ_BLOCKS
     for (; d < D; d += FA_W)
         FA_SFX(fa_pv_cols_qz)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, R, 1, bits,
-                              d == 0 ? pfr : 0, rb, 1, NULL);
+                              d == 0 ? pfr : 0, rb, 1, NULL, l2);
 }
 
 #ifdef FA_U4L_DMAX
@@ -630,7 +646,7 @@ static inline __attribute__((always_inline)) void
 FA_SFX(fa_pv_cols_u4l)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale, int64_t ssr,
                        int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G, int64_t k0, int64_t k1,
                        float *o, int64_t ldo, int64_t d, int kb, const int R, const int NK, const int NG,
-                       int64_t pf, int64_t rb)
+                       int64_t pf, int64_t rb, const int l2)
 {
     FA_V acc[4][8];
     const int64_t gs = d / G * ssc, gz = d / G * zsc;
@@ -644,9 +660,9 @@ FA_SFX(fa_pv_cols_u4l)(const float *p, int64_t ldp, const uint8_t *x, int64_t xs
         const uint8_t *xr = x + j * xsr;
         const float *sr = scale + j * ssr, *zr = zero + j * zsr;
         if (pf) {
-            fa_prefetch_bytes(xr + pf * xsr, rb);
-            __builtin_prefetch(sr + pf * ssr, 0, FA_PF_LOC);
-            __builtin_prefetch(zr + pf * zsr, 0, FA_PF_LOC);
+            fa_prefetch_bytes_at(xr + pf * xsr, rb, l2);
+            fa_prefetch_at(sr + pf * ssr, l2);
+            fa_prefetch_at(zr + pf * zsr, l2);
         }
         fa_u32_wf xv;
         memcpy(&xv, xr + d / 2, sizeof xv);
@@ -671,7 +687,8 @@ FA_SFX(fa_pv_cols_u4l)(const float *p, int64_t ldp, const uint8_t *x, int64_t xs
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_pv_rows_u4l_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale,
                          int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G,
-                         int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D, const int R, const int NG)
+                         int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D, const int R, const int NG,
+                         const int l2)
 {
     /* R x NK accumulators: 8 (16 registers) or 16 (32) */
     const int NK = R == 1 ? 8 : R == 2 ? (FA_VBYTES >= 64 ? 8 : 4) : FA_VBYTES >= 64 ? 4 : 2;
@@ -679,7 +696,7 @@ FA_SFX(fa_pv_rows_u4l_r)(const float *p, int64_t ldp, const uint8_t *x, int64_t 
     for (int64_t d = 0; d < D; d += 8 * FA_W)
         for (int kb = 0; kb < 8; kb += NK)
             FA_SFX(fa_pv_cols_u4l)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, d, kb, R, NK,
-                                   NG, d == 0 && kb == 0 ? pfr : 0, rb);
+                                   NG, d == 0 && kb == 0 ? pfr : 0, rb, l2);
 }
 
 #endif
@@ -690,28 +707,29 @@ static inline __attribute__((always_inline)) void
 FA_SFX(fa_pv_rows_qz_rn)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr, const float *scale,
                          int64_t ssr, int64_t ssc, const float *zero, int64_t zsr, int64_t zsc, int64_t G,
                          int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D, const int R, const int bits,
-                         const int NG)
+                         const int NG, const int l2)
 {
 #ifdef FA_U4L_DMAX
     if (NG) {
-        FA_SFX(fa_pv_rows_u4l_r)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, R, NG);
+        FA_SFX(fa_pv_rows_u4l_r)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, R, NG, l2);
         return;
     }
 #endif
-    FA_SFX(fa_pv_rows_qz_r)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, R, bits);
+    FA_SFX(fa_pv_rows_qz_r)(p, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, R, bits, l2);
 }
 
 static inline __attribute__((always_inline)) void
 FA_SFX(fa_pv_rows_qz_bits)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr,
                            const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
                            int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D,
-                           const int bits, const int NG)
+                           const int bits, const int NG, const int l2)
 {
     for (int64_t i0 = 0; i0 < nr; i0 += 4) {
         const float *pi = p + i0 * ldp;
         float *oi = o + i0 * ldo;
 #define FA_PV_QZ_ROWS(R) \
-        FA_SFX(fa_pv_rows_qz_rn)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, R, bits, NG)
+        FA_SFX(fa_pv_rows_qz_rn)(pi, ldp, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, oi, ldo, D, R, bits, NG, \
+                                 l2)
         switch (nr - i0 < 4 ? (int)(nr - i0) : 4) {
         case 1: FA_PV_QZ_ROWS(1); break;
         case 2: FA_PV_QZ_ROWS(2); break;
@@ -722,23 +740,35 @@ FA_SFX(fa_pv_rows_qz_bits)(const float *p, int64_t ldp, int64_t nr, const uint8_
     }
 }
 
-static void FA_SFX(fa_pv_rows_qz)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr, int bits,
-                                  const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
-                                  int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D)
+static inline __attribute__((always_inline)) void
+FA_SFX(fa_pv_rows_qz_l)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr, int bits,
+                        const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                        int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D, const int l2)
 {
 #ifdef FA_U4L_DMAX
     const int ng = bits == 4 ? FA_SFX(fa_u4l_groups)(D, G) : 0;
     if (ng == 1)
-        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4, 1);
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4, 1, l2);
     else if (ng == 2)
-        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4, 2);
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4, 2, l2);
     else if (ng)
-        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4, 4);
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4, 4, l2);
     else
 #endif
     if (bits == 8)
-        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 8, 0);
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 8, 0, l2);
     else
-        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4, 0);
+        FA_SFX(fa_pv_rows_qz_bits)(p, ldp, nr, x, xsr, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 4, 0, l2);
+}
+
+/* the P.V readers with the hint level a constant, as fa_qk_rows_qz */
+static void FA_SFX(fa_pv_rows_qz)(const float *p, int64_t ldp, int64_t nr, const uint8_t *x, int64_t xsr, int bits,
+                                  const float *scale, int64_t ssr, int64_t ssc, const float *zero, int64_t zsr,
+                                  int64_t zsc, int64_t G, int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D)
+{
+    if (fa_pf_l2)
+        FA_SFX(fa_pv_rows_qz_l)(p, ldp, nr, x, xsr, bits, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 1);
+    else
+        FA_SFX(fa_pv_rows_qz_l)(p, ldp, nr, x, xsr, bits, scale, ssr, ssc, zero, zsr, zsc, G, k0, k1, o, ldo, D, 0);
 }
 #endif

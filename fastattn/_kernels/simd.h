@@ -129,13 +129,16 @@ static inline void fa_stream_fence(void) {}
 #  define FA_PF_LOC 3        /* __builtin_prefetch locality: 3 = prefetcht0 */
 #endif
 
-/* Where the query-vectorised Q.K^T kernel's hints for the next key rows
- * (fa_qvec_qk_micro) put their lines: 0 into L1 (FA_PF_LOC: prefetcht0), 1 into
- * L2 (prefetcht1).  Set once at import from fastattn._memory.prefetch_l2 (on for
- * AMD CPUs, off elsewhere; FASTATTN_PREFETCH_L2 overrides).  Zen 4, 16 query
- * rows against 8192 keys from memory: 1.14-1.18x faster into L2, prefill level
- * (docs/performance.rst, "Prefetch hints into L2 on AMD").  The level is a
- * constant of each instantiation (fa_qvec_qk_chunk): a branch per hint cost the
+/* Where the hints of the query-vectorised Q.K^T kernel (next key rows,
+ * fa_qvec_qk_micro), the one-row decode loops (fa_qk_rows' single row,
+ * fa_pv1_qk_pass) and the QuantizedKV readers put their lines: 0 into L1
+ * (FA_PF_LOC: prefetcht0), 1 into L2 (prefetcht1).  Set once at import from
+ * fastattn._memory.prefetch_l2 (on for AMD CPUs, off elsewhere;
+ * FASTATTN_PREFETCH_L2 overrides).  Zen 4 (docs/performance.rst, "GQA decode: L2
+ * hints"): 16 query rows against 8192 keys from memory 1.14-1.18x faster, the
+ * one-row decode of QuantizedKV / int8 / float16 caches faster, prefill level.
+ * The level is a constant of each instantiation (fa_qvec_qk_chunk,
+ * fa_pv_qk_row1, fa_qk_rows_qz, fa_pv_rows_qz): a branch per hint cost the
  * prefill 1 % and the one-row QuantizedKV decode 1.6x.  Never changes a result. */
 static int fa_pf_l2 __attribute__((unused)) = 0;
 
@@ -161,6 +164,13 @@ static inline void fa_prefetch_bytes(const void *p, int64_t nbytes)
 static inline __attribute__((always_inline)) void fa_prefetch_l2(const void *p)
 {
     __builtin_prefetch(p, 0, 2);
+}
+
+/* fa_prefetch_bytes into L2 where l2 (a constant) != 0 */
+static inline __attribute__((always_inline)) void fa_prefetch_bytes_at(const void *p, int64_t nbytes, const int l2)
+{
+    const char *c = (const char *)p;
+    for (int64_t b = 0; b < nbytes; b += 64) fa_prefetch_at(c + b, l2);
 }
 
 static inline void fa_prefetch_l2_bytes(const void *p, int64_t nbytes)

@@ -362,10 +362,17 @@ static inline void FA_SSFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, 
          * cases, bound by memory: 5-7 % faster than fa_qk_pass's group order).
          * Only for a unit of one row: a row's scores are otherwise the same for
          * any number of rows in the unit */
-        for (int64_t j = 0; j < n; j++) {
-            FA_SSFX(fa_prefetch_row1_s)(k + (j + pf) * ksr, D);
-            s[j] = FA_SSFX(fa_dot)(qp, k + j * ksr, D);
+        /* the hint level a constant of each loop (fa_pf_l2) */
+#define FA_QK_ROW1_LOOP(L2)                                                  \
+        for (int64_t j = 0; j < n; j++) {                                    \
+            FA_SSFX(fa_prefetch_row1_s)(k + (j + pf) * ksr, D, L2);          \
+            s[j] = FA_SSFX(fa_dot)(qp, k + j * ksr, D);                      \
         }
+        if (fa_pf_l2)
+            FA_QK_ROW1_LOOP(1)
+        else
+            FA_QK_ROW1_LOOP(0)
+#undef FA_QK_ROW1_LOOP
         return;
     }
     for (int64_t i0 = 0; i0 < nr; i0 += FA_QKR_MAX) {
@@ -412,7 +419,7 @@ FA_SSFX(fa_pv1_axpy)(FA_V *a, FA_V w, const FA_S *vr, const int NB)
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1, FA_T *o,
                        const int NB, int prefetch, const FA_T *qp, int64_t D, const FA_S *kn, int64_t ksr,
-                       int64_t nk, FA_T *sn)
+                       int64_t nk, FA_T *sn, const int l2)
 {
     const int64_t pfv = FA_SSFX(fa_pf_rows_s)(NB * FA_W), pfk = FA_SSFX(fa_pf_rows_s)(D);
     const int64_t nv = k1 > k0 ? k1 - k0 : 0, both = nk < nv ? nk : nv;
@@ -422,19 +429,19 @@ FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, 
     for (; i < both; i++) {
         const FA_V w = FA_SFX(fa_set1)(p[k0 + i]);
         const FA_S *vr = vv + (k0 + i) * ldv;
-        if (prefetch) FA_SSFX(fa_prefetch_row1_s)(vr + pfv * ldv, NB * FA_W);
-        FA_SSFX(fa_prefetch_row1_s)(kn + (i + pfk) * ksr, D);
+        if (prefetch) FA_SSFX(fa_prefetch_row1_s)(vr + pfv * ldv, NB * FA_W, l2);
+        FA_SSFX(fa_prefetch_row1_s)(kn + (i + pfk) * ksr, D, l2);
         FA_SSFX(fa_pv1_axpy)(a, w, vr, NB);
         sn[i] = FA_SSFX(fa_dot)(qp, kn + i * ksr, D);
     }
     for (; i < nv; i++) {
         const FA_V w = FA_SFX(fa_set1)(p[k0 + i]);
         const FA_S *vr = vv + (k0 + i) * ldv;
-        if (prefetch) FA_SSFX(fa_prefetch_row1_s)(vr + pfv * ldv, NB * FA_W);
+        if (prefetch) FA_SSFX(fa_prefetch_row1_s)(vr + pfv * ldv, NB * FA_W, l2);
         FA_SSFX(fa_pv1_axpy)(a, w, vr, NB);
     }
     for (; i < nk; i++) {
-        FA_SSFX(fa_prefetch_row1_s)(kn + (i + pfk) * ksr, D);
+        FA_SSFX(fa_prefetch_row1_s)(kn + (i + pfk) * ksr, D, l2);
         sn[i] = FA_SSFX(fa_dot)(qp, kn + i * ksr, D);
     }
     FA_UNROLL for (int u = 0; u < NB; u++)
@@ -447,24 +454,36 @@ FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, 
  * AVX-512; 16 on NEON), then 8, then 4, then 1; prefetch: the passes of 4 or
  * more vectors request the value rows ahead.  nk > 0: the first pass also
  * computes the next tile's nk one-row scores (fa_pv1_qk_pass). */
-static inline void FA_SSFX(fa_pv_qk_row1)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1,
-                                         FA_T *o, int64_t nvec, int prefetch, const FA_T *qp, int64_t D,
-                                         const FA_S *kn, int64_t ksr, int64_t nk, FA_T *sn)
+static inline __attribute__((always_inline)) void
+FA_SSFX(fa_pv_qk_row1_l)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1, FA_T *o, int64_t nvec,
+                        int prefetch, const FA_T *qp, int64_t D, const FA_S *kn, int64_t ksr, int64_t nk, FA_T *sn,
+                        const int l2)
 {
     int64_t c = 0;
 #if FA_ROW_NB > 8
     for (; c + FA_ROW_NB <= nvec; c += FA_ROW_NB, nk = 0)
         FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, FA_ROW_NB, prefetch, qp, D, kn, ksr,
-                                nk, sn);
+                                nk, sn, l2);
 #endif
     for (; c + 8 <= nvec; c += 8, nk = 0)
-        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, prefetch, qp, D, kn, ksr, nk, sn);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, prefetch, qp, D, kn, ksr, nk, sn, l2);
     for (; c + 4 <= nvec; c += 4, nk = 0)
-        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, prefetch, qp, D, kn, ksr, nk, sn);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, prefetch, qp, D, kn, ksr, nk, sn, l2);
     for (; c < nvec; c++, nk = 0)
-        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 1, 0, qp, D, kn, ksr, nk, sn);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 1, 0, qp, D, kn, ksr, nk, sn, l2);
     if (nk)     /* no value columns at all: the scores alone */
-        FA_SSFX(fa_pv1_qk_pass)(p, vv, ldv, 0, 0, o, 0, 0, qp, D, kn, ksr, nk, sn);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv, ldv, 0, 0, o, 0, 0, qp, D, kn, ksr, nk, sn, l2);
+}
+
+/* ... with the hint level (fa_pf_l2) a constant of each instantiation */
+static inline void FA_SSFX(fa_pv_qk_row1)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1,
+                                         FA_T *o, int64_t nvec, int prefetch, const FA_T *qp, int64_t D,
+                                         const FA_S *kn, int64_t ksr, int64_t nk, FA_T *sn)
+{
+    if (fa_pf_l2)
+        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, qp, D, kn, ksr, nk, sn, 1);
+    else
+        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, qp, D, kn, ksr, nk, sn, 0);
 }
 
 /* fa_pv_qk_row1 without the next tile's scores. */

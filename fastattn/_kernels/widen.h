@@ -232,9 +232,9 @@ static inline int FA_SSFX(fa_pf_hinted_s)(void)
 
 /* the hints of the one-row loops (a decode unit of one query row: fa_qk_rows'
  * single row, fa_pv1_qk_pass) */
-static inline void FA_SSFX(fa_prefetch_row1_s)(const FA_S *p, int64_t n)
+static inline __attribute__((always_inline)) void FA_SSFX(fa_prefetch_row1_s)(const FA_S *p, int64_t n, const int l2)
 {
-    if (FA_SSFX(fa_pf_hinted_s)()) fa_prefetch_bytes(p, n * (int64_t)sizeof(FA_S));
+    if (FA_SSFX(fa_pf_hinted_s)()) fa_prefetch_bytes_at(p, n * (int64_t)sizeof(FA_S), l2);
 }
 
 /* element d of a row starts a 64-byte line (relative to the row's start) */
