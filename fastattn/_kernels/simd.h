@@ -159,18 +159,18 @@ static inline void fa_prefetch_bytes(const void *p, int64_t nbytes)
     for (int64_t b = 0; b < nbytes; b += 64) __builtin_prefetch(c + b, 0, FA_PF_LOC);
 }
 
-/* the same into L2 only (prefetcht1 on x86): data wanted a little later, which
- * should not push the current rows out of L1 */
-static inline __attribute__((always_inline)) void fa_prefetch_l2(const void *p)
-{
-    __builtin_prefetch(p, 0, 2);
-}
-
 /* fa_prefetch_bytes into L2 where l2 (a constant) != 0 */
 static inline __attribute__((always_inline)) void fa_prefetch_bytes_at(const void *p, int64_t nbytes, const int l2)
 {
     const char *c = (const char *)p;
     for (int64_t b = 0; b < nbytes; b += 64) fa_prefetch_at(c + b, l2);
+}
+
+/* one line, and fa_prefetch_bytes, into L2 only (prefetcht1 on x86): data wanted
+ * a little later, which should not push the current rows out of L1 */
+static inline __attribute__((always_inline)) void fa_prefetch_l2(const void *p)
+{
+    __builtin_prefetch(p, 0, 2);
 }
 
 static inline void fa_prefetch_l2_bytes(const void *p, int64_t nbytes)

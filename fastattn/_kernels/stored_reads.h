@@ -311,8 +311,9 @@ FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_
     const int G = FA_QK_PAIRS / R;
     const int64_t pfr = FA_SSFX(fa_pf_rows_s)(D);
     /* float32 / float64 keys streamed where wide rows go without L1 hints
-     * (fa_pf_wide off: AMD): each group's keys read key by key, with L2 hints.  On a Zen 4 the group order (G rows a key row apart, a 64-byte
-     * line of each in turn) kept the hardware prefetchers from streaming:
+     * (fa_pf_wide off: AMD): each group's keys read key by key, with L2 hints.
+     * On a Zen 4 the group order (G rows a key row apart, a 64-byte line of
+     * each in turn) kept the hardware prefetchers from streaming:
      * GQA decode Hq32 Hkv8 Lk8192 D128: one thread 6.6-7.3 -> 4.1-4.2 ms, two 3.2-3.5 -> 2.3-2.4
      * (docs/performance.rst, "GQA decode: keys in order") */
 #ifdef FA_S_NATIVE
