@@ -152,31 +152,24 @@ static inline __attribute__((always_inline)) void fa_prefetch_at(const void *p, 
 /* Prefetch hints for nbytes from p (one per cache line), and how many rows of
  * row_bytes the prefetch distance FA_PF_BYTES covers (at least one).  The loops
  * that stream keys and values from memory use these, by element type through
- * fa_prefetch / fa_pf_rows (vec_core.h) and by storage type (widen.h). */
-static inline void fa_prefetch_bytes(const void *p, int64_t nbytes)
-{
-    const char *c = (const char *)p;
-    for (int64_t b = 0; b < nbytes; b += 64) __builtin_prefetch(c + b, 0, FA_PF_LOC);
-}
-
-/* fa_prefetch_bytes into L2 where l2 (a constant) != 0 */
+ * fa_prefetch / fa_pf_rows (vec_core.h) and by storage type (widen.h); into L2
+ * where l2 (a constant) != 0. */
 static inline __attribute__((always_inline)) void fa_prefetch_bytes_at(const void *p, int64_t nbytes, const int l2)
 {
     const char *c = (const char *)p;
     for (int64_t b = 0; b < nbytes; b += 64) fa_prefetch_at(c + b, l2);
 }
 
-/* one line, and fa_prefetch_bytes, into L2 only (prefetcht1 on x86): data wanted
- * a little later, which should not push the current rows out of L1 */
-static inline __attribute__((always_inline)) void fa_prefetch_l2(const void *p)
+static inline void fa_prefetch_bytes(const void *p, int64_t nbytes)
 {
-    __builtin_prefetch(p, 0, 2);
+    fa_prefetch_bytes_at(p, nbytes, 0);
 }
 
+/* fa_prefetch_bytes into L2 only (prefetcht1 on x86): data wanted a little
+ * later, which should not push the current rows out of L1 */
 static inline void fa_prefetch_l2_bytes(const void *p, int64_t nbytes)
 {
-    const char *c = (const char *)p;
-    for (int64_t b = 0; b < nbytes; b += 64) fa_prefetch_l2(c + b);
+    fa_prefetch_bytes_at(p, nbytes, 1);
 }
 
 /* Software prefetch of the key and value rows of 4- and 8-byte elements (float32,

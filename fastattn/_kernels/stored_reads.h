@@ -43,7 +43,7 @@ static inline void FA_SSFX(fa_pack_transposed)(const FA_S *q, const int64_t *qof
  * columns, both compile-time constants after inlining:
  * O[0:mr, :nv*W] += P[0:mr, k0:k1] . V[k0:k1, :nv*W].  pfn > 0: the value rows
  * pf further on are requested, pfn elements each (V streamed from memory), into
- * L1 or, l2 != 0, into L2 (fa_prefetch_l2). */
+ * L1 or, l2 != 0, into L2. */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict vp, int64_t ldv,
                     int64_t k0, int64_t k1, FA_T *restrict o, int64_t ldo, const int mr, const int nv,
@@ -55,8 +55,7 @@ FA_SSFX(fa_pv_micro)(const FA_T *restrict p, int64_t ldp, const FA_S *restrict v
             if (i < mr && v < nv) acc[i][v] = FA_SFX(fa_set1)(0);
     for (int64_t k = k0; k < k1; k++) {
         FA_V b[FA_PV_NV];
-        if (pfn && l2) fa_prefetch_l2_bytes(vp + (k + pf) * ldv, pfn * (int64_t)sizeof(FA_S));
-        else if (pfn) FA_SSFX(fa_prefetch_s)(vp + (k + pf) * ldv, pfn);
+        if (pfn) fa_prefetch_bytes_at(vp + (k + pf) * ldv, pfn * (int64_t)sizeof(FA_S), l2);
         FA_UNROLL for (int v = 0; v + 1 < FA_PV_NV; v += 2)
             if (v + 1 < nv) FA_SSFX(fa_load2_raw_s)(vp + k * ldv + v * FA_W, b + v);
         if (nv % 2) b[nv - 1] = FA_SSFX(fa_load_raw_s)(vp + k * ldv + (nv - 1) * FA_W);
@@ -235,11 +234,11 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
          * d + W, ..., then key u + 1) instead of G streams a row apart.  Each
          * accumulator sees the same products in the same order of d, so the
          * same bits; R chains per key, not R * G.  pf != 0: each line of the
-         * row pf rows further on is requested into L2 (fa_prefetch_l2) */
+         * row pf rows further on is requested into L2 */
         FA_UNROLL for (int u = 0; u < G; u++) {
             const FA_S *kr = kg + u * ksr;
             for (d = 0; d < D; d += FA_W) {
-                if (pf && FA_SSFX(fa_line_start_s)(d)) fa_prefetch_l2(kr + pf * ksr + d);
+                if (pf && FA_SSFX(fa_line_start_s)(d)) fa_prefetch_at(kr + pf * ksr + d, 1);
                 const FA_V kv = FA_SSFX(fa_load_raw_s)(kr + d);
                 FA_UNROLL for (int i = 0; i < R; i++)
                     r[i * G + u] += FA_SFX(fa_load)(qp + i * ldq + d) * kv;
