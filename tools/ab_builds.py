@@ -1,8 +1,9 @@
 """Paired A/B of two fastattn builds in ONE process, for kernel changes of a few percent.
 
     python tools/ab_builds.py OLD_TREE NEW_TREE [--cases prefill,long,...] [--reps 30]
-    (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L][:softcap=C],
-    or calls:OPT[+OPT...]: 1000 small decode steps with options, e.g. calls:br+kvlen+lse)
+    (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L][:softcap=C]
+    [:kv=bf16|f16|int8|f8e4|f8e5] -- keys and values stored in that type, int8 with per-key scales, float8 and
+    bfloat16 through ml_dtypes -- or calls:OPT[+OPT...]: 1000 small decode steps with options, e.g. calls:br+kvlen+lse)
 
 OLD_TREE and NEW_TREE are source trees with in-place builds (``python setup.py
 build_ext --inplace``), e.g. a ``git worktree`` of the base commit and this checkout.
@@ -63,6 +64,21 @@ def load_copy(tree, name, tmp):
     return mod
 
 
+def stored_kv(kind, k, v):
+    """k and v stored as ``kind`` (attn:...:kv=KIND): the keyword arguments that replace them."""
+    if kind == "int8":
+        ks, vs = ((np.abs(x).max(-1, keepdims=True) / 127 + 1e-30).astype(np.float32) for x in (k, v))
+        return {"k": np.rint(k / ks).astype(np.int8), "v": np.rint(v / vs).astype(np.int8),
+                "k_scale": ks, "v_scale": vs}
+    if kind == "f16":
+        return {"k": k.astype(np.float16), "v": v.astype(np.float16)}
+    import ml_dtypes
+    types = {"bf16": ml_dtypes.bfloat16, "f8e4": ml_dtypes.float8_e4m3fn, "f8e5": ml_dtypes.float8_e5m2}
+    if kind not in types:
+        sys.exit(f"kv={kind}: known storage types bf16, f16, int8, f8e4, f8e5")
+    return {"k": k.astype(types[kind]), "v": v.astype(types[kind])}
+
+
 def make_case(case, rng):
     if case in CASES:
         B, H, L, D, dt, causal = CASES[case]
@@ -92,7 +108,7 @@ def make_case(case, rng):
         x = rng.standard_normal((2048, 2048)).astype(np.float32)
         return lambda M: M.softmax(x, axis=0)
     if case.startswith("attn:"):
-        # attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=LEFT][:softcap=C]
+        # attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=LEFT][:softcap=C][:kv=T]
         # -- any attention shape (window=LEFT: each query sees itself and LEFT keys before it)
         dims, *flags = case[5:].split(":")
         B, Hq, Hkv, Lq, Lk, D = (int(x) for x in dims.split("x"))
@@ -105,13 +121,16 @@ def make_case(case, rng):
             kw["bias"] = rng.standard_normal((Lq, Lk)).astype(dt)
         if "alibi" in flags:
             kw["alibi_slopes"] = np.linspace(0.05, 1, Hq)
+        q = rng.standard_normal((B, Hq, Lq, D)).astype(dt)
+        k, v = (rng.standard_normal((B, Hkv, Lk, D)).astype(dt) for _ in range(2))
         for f in flags:
             if f.startswith("window="):
                 kw["window"] = (int(f[7:]), 0)
             elif f.startswith("softcap="):
                 kw["softcap"] = float(f[8:])
-        q = rng.standard_normal((B, Hq, Lq, D)).astype(dt)
-        k, v = (rng.standard_normal((B, Hkv, Lk, D)).astype(dt) for _ in range(2))
+            elif f.startswith("kv="):
+                kw.update(stored_kv(f[3:], k, v))
+        k, v = kw.pop("k", k), kw.pop("v", v)
         return lambda M: M.attention(q, k, v, causal=causal, return_weights=weights, mask=mask, **kw)
     if case.startswith("calls:"):
         # calls:OPT[+OPT...] -- 1000 small decode steps (8 query heads, 1 row, 16 keys,
@@ -139,7 +158,7 @@ def make_case(case, rng):
                 M.attention(q, k, v, **kw)
         return calls
     sys.exit(f"unknown case {case!r}; known: {', '.join(list(CASES) + OTHER)}, "
-             "attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L][:softcap=C], or calls:OPT[+OPT...]")
+             "attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L][:softcap=C][:kv=T], or calls:OPT[+OPT...]")
 
 
 def main(argv=None):

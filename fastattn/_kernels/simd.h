@@ -131,15 +131,19 @@ static inline void fa_stream_fence(void) {}
 
 /* Where the hints of the query-vectorised Q.K^T kernel (next key rows,
  * fa_qvec_qk_micro), the one-row decode loops (fa_qk_rows' single row,
- * fa_pv1_qk_pass) and the QuantizedKV readers put their lines: 0 into L1
+ * fa_pv1_qk_pass), the few-rows loops over float16, bfloat16 and int8 keys and
+ * values (fa_qk_rows' blocks, fa_pv_rows: FA_PF_L2_BYTES ahead) and the
+ * QuantizedKV readers put their lines: 0 into L1
  * (FA_PF_LOC: prefetcht0), 1 into L2 (prefetcht1).  Set once at import from
  * fastattn._memory.prefetch_l2 (on for AMD CPUs, off elsewhere;
  * FASTATTN_PREFETCH_L2 overrides).  Zen 4 (docs/performance.rst, "GQA decode: L2
  * hints"): 16 query rows against 8192 keys from memory 1.14-1.18x faster, the
- * one-row decode of QuantizedKV / int8 / float16 caches faster, prefill level.
+ * one-row decode of QuantizedKV / int8 / float16 caches faster, the GQA decode
+ * of bfloat16 / float16 caches 1.4-1.6x, prefill level.
  * The level is a constant of each instantiation (fa_qvec_qk_chunk,
- * fa_pv_qk_row1, fa_qk_rows_qz, fa_pv_rows_qz): a branch per hint cost the
- * prefill 1 % and the one-row QuantizedKV decode 1.6x.  Never changes a result. */
+ * fa_pv_qk_row1, fa_qk_rows_pad, fa_pv_rows, fa_qk_rows_qz, fa_pv_rows_qz): a
+ * branch per hint cost the prefill 1 % and the one-row QuantizedKV decode
+ * 1.6x.  Never changes a result. */
 static int fa_pf_l2 __attribute__((unused)) = 0;
 
 /* One hint for the line at p: into L2 where l2 (a constant) != 0, else into L1. */

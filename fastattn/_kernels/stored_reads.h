@@ -186,13 +186,13 @@ static inline int FA_SSFX(fa_pack_rows)(const FA_S *src, int64_t sr, int64_t n, 
  * than folded into the FMAs as memory operands. */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_qk_step)(const FA_T *qp, int64_t ldq, const int R, int nk, const FA_S *kg, int64_t ksr, int64_t d,
-                   int64_t pfd, const int hold, FA_V *r)
+                   int64_t pfd, const int hold, FA_V *r, const int l2)
 {
     const int G = FA_QK_PAIRS / R;
     FA_V kv[FA_QK_PAIRS];
     FA_UNROLL for (int u = 0; u < G; u++)
         if (u < nk) {
-            if (pfd) __builtin_prefetch(kg + (u + pfd) * ksr + d, 0, FA_PF_LOC);
+            if (pfd) fa_prefetch_at(kg + (u + pfd) * ksr + d, l2);
             kv[u] = FA_SSFX(fa_load_raw_s)(kg + u * ksr + d);
         }
     FA_UNROLL for (int i = 0; i < R; i++) {
@@ -221,7 +221,7 @@ FA_SSFX(fa_qk_step)(const FA_T *qp, int64_t ldq, const int R, int nk, const FA_S
  * hints' distance in rows. */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_S *kg, int64_t ksr,
-                   int nk, int64_t pf, FA_T *s, int64_t lds, int keymajor)
+                   int nk, int64_t pf, FA_T *s, int64_t lds, int keymajor, const int l2)
 {
     const int G = FA_QK_PAIRS / R;
     FA_V r[FA_QK_PAIRS];
@@ -255,7 +255,7 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
         FA_V kv[FA_QK_PAIRS][2];
         FA_UNROLL for (int u = 0; u < G; u++)
             if (u < nk) {
-                if (pf) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
+                if (pf) fa_prefetch_at(kg + (u + pf) * ksr + d, l2);
                 FA_SSFX(fa_load2_raw_s)(kg + u * ksr + d, kv[u]);
             }
         FA_UNROLL for (int h = 0; h < 2; h++)
@@ -271,12 +271,12 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
     for (; VL > 1 && d + VL * FA_W <= D; d += VL * FA_W) {
         if (pf)     /* all before the line's loads (interleaved with them: 5 of 6 pairs slower from memory) */
             FA_UNROLL for (int u = 0; u < G; u++)
-                if (u < nk) __builtin_prefetch(kg + (u + pf) * ksr + d, 0, FA_PF_LOC);
+                if (u < nk) fa_prefetch_at(kg + (u + pf) * ksr + d, l2);
         FA_UNROLL for (int h = 0; h < VL; h++)
-            FA_SSFX(fa_qk_step)(qp, ldq, R, nk, kg, ksr, d + h * FA_W, 0, G > 1, r);
+            FA_SSFX(fa_qk_step)(qp, ldq, R, nk, kg, ksr, d + h * FA_W, 0, G > 1, r, l2);
     }
     for (; d + FA_W <= D; d += FA_W)
-        FA_SSFX(fa_qk_step)(qp, ldq, R, nk, kg, ksr, d, VL == 1 || FA_SSFX(fa_line_start_s)(d) ? pf : 0, 0, r);
+        FA_SSFX(fa_qk_step)(qp, ldq, R, nk, kg, ksr, d, VL == 1 || FA_SSFX(fa_line_start_s)(d) ? pf : 0, 0, r, l2);
     if (d < D) {
         FA_V kv[FA_QK_PAIRS];
         FA_UNROLL for (int u = 0; u < G; u++)
@@ -302,10 +302,11 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
 }
 
 /* fa_qk_rows for nrow <= R rows (qp rows up to R readable; the padding rows'
- * scores are computed and dropped). */
+ * scores are computed and dropped).  l2n (a constant; the storage types of
+ * fa_pf_l2_few_s only): their hints go into L2, FA_PF_L2_BYTES ahead (fa_pf_l2). */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_S *k, int64_t ksr,
-                     int64_t n, FA_T *s, int64_t lds, int stream)
+                     int64_t n, FA_T *s, int64_t lds, int stream, const int l2n)
 {
     const int G = FA_QK_PAIRS / R;
     const int64_t pfr = FA_SSFX(fa_pf_rows_s)(D);
@@ -322,27 +323,39 @@ FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_
 #endif
     /* keymajor: L2 hints FA_PF_L2_BYTES ahead (docs/performance.rst, "GQA
      * decode: L2 hints"): GQA decode 2.12-2.58 -> 1.57-1.83 ms on 2 Zen 4 threads */
-    const int64_t pf = !stream ? 0 : keymajor ? FA_SSFX(fa_pf_l2_rows_s)(D) : pfr > G ? pfr : G;
+    const int l2 = FA_SSFX(fa_pf_l2_few_s)() && l2n;
+    const int64_t pf = !stream ? 0 : keymajor || l2 ? FA_SSFX(fa_pf_l2_rows_s)(D) : pfr > G ? pfr : G;
     int64_t j = 0;
     for (; j + G <= n; j += G)
-        FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, G, pf, s + j, lds, keymajor);
+        FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, G, pf, s + j, lds, keymajor, l2);
     if (j < n)
-        FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, (int)(n - j), 0, s + j, lds, 0);
+        FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, (int)(n - j), 0, s + j, lds, 0, l2);
 }
 
 /* One block of rows (<= FA_QKR_MAX) in one pass per group of keys, its row count
  * padded to a power of two. */
-static inline void FA_SSFX(fa_qk_rows_pad)(const FA_T *q, int64_t ldq, int rows, int64_t D, const FA_S *k,
-                                          int64_t ksr, int64_t n, FA_T *s, int64_t lds, int stream)
+static inline __attribute__((always_inline)) void
+FA_SSFX(fa_qk_rows_pad_l)(const FA_T *q, int64_t ldq, int rows, int64_t D, const FA_S *k, int64_t ksr, int64_t n,
+                         FA_T *s, int64_t lds, int stream, const int l2n)
 {
     if (rows <= 1)
-        FA_SSFX(fa_qk_rows_r)(q, ldq, 1, rows, D, k, ksr, n, s, lds, stream);
+        FA_SSFX(fa_qk_rows_r)(q, ldq, 1, rows, D, k, ksr, n, s, lds, stream, l2n);
     else if (rows <= 2 || FA_QKR_MAX < 4)
-        FA_SSFX(fa_qk_rows_r)(q, ldq, 2, rows, D, k, ksr, n, s, lds, stream);
+        FA_SSFX(fa_qk_rows_r)(q, ldq, 2, rows, D, k, ksr, n, s, lds, stream, l2n);
     else if (rows <= 4 || FA_QKR_MAX < 8)
-        FA_SSFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 4 ? 4 : 2, rows, D, k, ksr, n, s, lds, stream);
+        FA_SSFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 4 ? 4 : 2, rows, D, k, ksr, n, s, lds, stream, l2n);
     else
-        FA_SSFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 8 ? 8 : 2, rows, D, k, ksr, n, s, lds, stream);
+        FA_SSFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 8 ? 8 : 2, rows, D, k, ksr, n, s, lds, stream, l2n);
+}
+
+/* ... l2n (narrow keys' hints into L2: fa_qk_rows_r) a constant of each branch */
+static inline void FA_SSFX(fa_qk_rows_pad)(const FA_T *q, int64_t ldq, int rows, int64_t D, const FA_S *k,
+                                          int64_t ksr, int64_t n, FA_T *s, int64_t lds, int stream, int l2n)
+{
+    if (FA_SSFX(fa_pf_l2_few_s)() && l2n)
+        FA_SSFX(fa_qk_rows_pad_l)(q, ldq, rows, D, k, ksr, n, s, lds, stream, 1);
+    else
+        FA_SSFX(fa_qk_rows_pad_l)(q, ldq, rows, D, k, ksr, n, s, lds, stream, 0);
 }
 
 /* S[i][j] = qp[i] . k[j] for i < nr, j < n; key rows contiguous, ksr apart.
@@ -375,6 +388,9 @@ static inline void FA_SSFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, 
 #undef FA_QK_ROW1_LOOP
         return;
     }
+    /* float16, bfloat16 and int8 keys (fa_pf_l2_few_s): hints into L2 where
+     * fa_pf_l2 (AMD) */
+    const int l2n = fa_pf_l2;
     for (int64_t i0 = 0; i0 < nr; i0 += FA_QKR_MAX) {
         const int rows = nr - i0 < FA_QKR_MAX ? (int)(nr - i0) : FA_QKR_MAX;
         const FA_T *q = qp + i0 * ldq;
@@ -384,10 +400,10 @@ static inline void FA_SSFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, 
             /* a block of 4 and one of 1 or 2 (paired, 1.05-1.08x faster than one
              * block of 8 with 2-3 padding rows; splitting 3 rows as 2 + 1
              * measured 0.93x, 7 rows as 4 + 2 + 1 1.0x) */
-            FA_SSFX(fa_qk_rows_pad)(q, ldq, 4, D, k, ksr, n, si, lds, stream);
-            FA_SSFX(fa_qk_rows_pad)(q + 4 * ldq, ldq, rows - 4, D, k, ksr, n, si + 4 * lds, lds, 0);
+            FA_SSFX(fa_qk_rows_pad)(q, ldq, 4, D, k, ksr, n, si, lds, stream, l2n);
+            FA_SSFX(fa_qk_rows_pad)(q + 4 * ldq, ldq, rows - 4, D, k, ksr, n, si + 4 * lds, lds, 0, l2n);
         } else {
-            FA_SSFX(fa_qk_rows_pad)(q, ldq, rows, D, k, ksr, n, si, lds, stream);
+            FA_SSFX(fa_qk_rows_pad)(q, ldq, rows, D, k, ksr, n, si, lds, stream, l2n);
         }
     }
 }
@@ -499,13 +515,15 @@ static inline void FA_SSFX(fa_pv_row1)(const FA_T *p, const FA_S *vv, int64_t ld
  * per row (its accumulation order per element is the packed path's); a last
  * single row through fa_pv_row1.  The first pass over the keys streams the
  * values from memory and requests whole rows ahead. */
-static inline void FA_SSFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, const FA_S *vv, int64_t ldv,
-                                      int64_t k0, int64_t k1, FA_T *o, int64_t ldo, int64_t nvec)
+static inline __attribute__((always_inline)) void
+FA_SSFX(fa_pv_rows_l)(const FA_T *p, int64_t ldp, int64_t nr, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1,
+                     FA_T *o, int64_t ldo, int64_t nvec, const int l2n)
 {
     /* the first block of rows streams the value rows and requests them ahead:
      * into L1 where the storage type's rows are hinted, else (float32 / float64
-     * on AMD) into L2, FA_PF_L2_BYTES ahead */
-    const int l2 = !FA_SSFX(fa_pf_hinted_s)();
+     * on AMD) into L2, FA_PF_L2_BYTES ahead; the rows of fa_pf_l2_few_s into
+     * L2 where l2n (a constant: fa_pf_l2) */
+    const int l2 = FA_SSFX(fa_pf_hinted_s)() ? l2n : 1;
     const int64_t pf = l2 ? FA_SSFX(fa_pf_l2_rows_s)(nvec * FA_W) : FA_SSFX(fa_pf_rows_s)(nvec * FA_W);
     int64_t i0 = 0;
     while (nr - i0 >= 2) {
@@ -555,6 +573,15 @@ static inline void FA_SSFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, c
     }
     for (; i0 < nr; i0++)
         FA_SSFX(fa_pv_row1)(p + i0 * ldp, vv, ldv, k0, k1, o + i0 * ldo, nvec, i0 == 0);
+}
+
+static inline void FA_SSFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, const FA_S *vv, int64_t ldv,
+                                      int64_t k0, int64_t k1, FA_T *o, int64_t ldo, int64_t nvec)
+{
+    if (FA_SSFX(fa_pf_l2_few_s)() && fa_pf_l2)
+        FA_SSFX(fa_pv_rows_l)(p, ldp, nr, vv, ldv, k0, k1, o, ldo, nvec, 1);
+    else
+        FA_SSFX(fa_pv_rows_l)(p, ldp, nr, vv, ldv, k0, k1, o, ldo, nvec, 0);
 }
 
 /* St[j][i] += B_i[j] for lanes i < ni and keys j in [j0, j1) of the

@@ -230,6 +230,20 @@ static inline int FA_SSFX(fa_pf_hinted_s)(void)
     return sizeof(FA_S) < 4 || fa_pf_wide;
 }
 
+/* may the few-rows loops (fa_qk_rows' blocks, fa_pv_rows) put this storage
+ * type's hints into L2 (where fa_pf_l2)?  The 2-byte types and int8: GQA decode
+ * Hq32 Hkv8 Lk8192 D128, Zen 4, 2 threads, paired: bfloat16 1.43x, float16
+ * 1.39x, int8 0.97-1.07x; float8 (widening-bound) 0.98x, so it keeps L1 hints
+ * (docs/performance.rst, "GQA decode: L2 hints") */
+static inline int FA_SSFX(fa_pf_l2_few_s)(void)
+{
+#if FA_S_F8E4 || FA_S_F8E5
+    return 0;
+#else
+    return sizeof(FA_S) < 4;
+#endif
+}
+
 /* the hints of the one-row loops (a decode unit of one query row: fa_qk_rows'
  * single row, fa_pv1_qk_pass) */
 static inline __attribute__((always_inline)) void FA_SSFX(fa_prefetch_row1_s)(const FA_S *p, int64_t n, const int l2)
