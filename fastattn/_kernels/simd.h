@@ -139,7 +139,7 @@ static inline void fa_stream_fence(void) {}
  * FASTATTN_PREFETCH_L2 overrides).  Zen 4 (docs/performance.rst, "GQA decode: L2
  * hints"): 16 query rows against 8192 keys from memory 1.14-1.18x faster, the
  * one-row decode of QuantizedKV / int8 / float16 caches faster, the GQA decode
- * of bfloat16 / float16 caches 1.4-1.6x, prefill level.
+ * of bfloat16 / float16 caches 1.16-1.43x / 1.23-1.39x, prefill level.
  * The level is a constant of each instantiation (fa_qvec_qk_chunk,
  * fa_pv_qk_row1, fa_qk_rows_pad, fa_pv_rows, fa_qk_rows_qz, fa_pv_rows_qz): a
  * branch per hint cost the prefill 1 % and the one-row QuantizedKV decode

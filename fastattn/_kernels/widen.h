@@ -232,9 +232,11 @@ static inline int FA_SSFX(fa_pf_hinted_s)(void)
 
 /* may the few-rows loops (fa_qk_rows' blocks, fa_pv_rows) put this storage
  * type's hints into L2 (where fa_pf_l2)?  The 2-byte types and int8: GQA decode
- * Hq32 Hkv8 Lk8192 D128, Zen 4, 2 threads, paired: bfloat16 1.43x, float16
- * 1.39x, int8 0.97-1.07x; float8 (widening-bound) 0.98x, so it keeps L1 hints
- * (docs/performance.rst, "GQA decode: L2 hints") */
+ * Hq32 Hkv8 Lk8192 D128, Zen 4, 2 threads, paired: bfloat16 1.16-1.43x,
+ * float16 1.23-1.39x, int8 0.97-1.07x; float8 (widening-bound) read 0.98-0.99x
+ * with L2 hints and the same with its code unchanged -- level either way, so
+ * it keeps its L1 hints and one copy of its loops (docs/performance.rst, "GQA
+ * decode: L2 hints") */
 static inline int FA_SSFX(fa_pf_l2_few_s)(void)
 {
 #if FA_S_F8E4 || FA_S_F8E5
