@@ -2,8 +2,8 @@
 
     python tools/ab_builds.py OLD_TREE NEW_TREE [--cases prefill,long,...] [--reps 30]
     (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L][:softcap=C]
-    [:kv=bf16|f16|int8|f8e4|f8e5] -- keys and values stored in that type, int8 with per-key scales, float8 and
-    bfloat16 through ml_dtypes -- or calls:OPT[+OPT...]: 1000 small decode steps with options, e.g. calls:br+kvlen+lse)
+    [:kv=bf16|f16|int8|f8e4|f8e5|u8|u4[gG]] -- keys and values stored in that type, int8 with per-key scales, float8 and
+    bfloat16 through ml_dtypes, u8 / u4 as each build's QuantizedKV (quantize_kv, group size G or the default) -- or calls:OPT[+OPT...]: 1000 small decode steps with options, e.g. calls:br+kvlen+lse)
 
 OLD_TREE and NEW_TREE are source trees with in-place builds (``python setup.py
 build_ext --inplace``), e.g. a ``git worktree`` of the base commit and this checkout.
@@ -65,7 +65,24 @@ def load_copy(tree, name, tmp):
 
 
 def stored_kv(kind, k, v):
-    """k and v stored as ``kind`` (attn:...:kv=KIND): the keyword arguments that replace them."""
+    """k and v stored as ``kind`` (attn:...:kv=KIND): the keyword arguments that replace them.
+    QuantizedKV kinds (u8, u4, u4g64, ...) give a function of the build (each has its own class)."""
+    if kind[:2] in ("u4", "u8"):
+        bits, g = int(kind[1]), kind[2:]
+        if g and not (g[0] == "g" and g[1:].isdigit()):
+            sys.exit(f"kv={kind}: u4 or u8, optionally gG (a group size), e.g. u4g64")
+        opts = {"bits": bits, **({"group_size": int(g[1:])} if g else {})}
+        made = {}
+
+        def quantized(M):
+            # the compiled modules recognise fastattn._quantized.QuantizedKV (an import
+            # load_copy cannot rename): one pair of caches, made by the first build
+            # asked, its class registered under that name, serves both builds
+            if not made:
+                sys.modules.setdefault("fastattn._quantized", sys.modules[M.__name__ + "._quantized"])
+                made.update(k=M.quantize_kv(k, **opts), v=M.quantize_kv(v, **opts))
+            return made
+        return {"quantized": quantized}
     if kind == "int8":
         ks, vs = ((np.abs(x).max(-1, keepdims=True) / 127 + 1e-30).astype(np.float32) for x in (k, v))
         return {"k": np.rint(k / ks).astype(np.int8), "v": np.rint(v / vs).astype(np.int8),
@@ -75,7 +92,7 @@ def stored_kv(kind, k, v):
     import ml_dtypes
     types = {"bf16": ml_dtypes.bfloat16, "f8e4": ml_dtypes.float8_e4m3fn, "f8e5": ml_dtypes.float8_e5m2}
     if kind not in types:
-        sys.exit(f"kv={kind}: known storage types bf16, f16, int8, f8e4, f8e5")
+        sys.exit(f"kv={kind}: known storage types bf16, f16, int8, f8e4, f8e5, u8, u4 (u4gG, u8gG)")
     return {"k": k.astype(types[kind]), "v": v.astype(types[kind])}
 
 
@@ -131,6 +148,10 @@ def make_case(case, rng):
             elif f.startswith("kv="):
                 kw.update(stored_kv(f[3:], k, v))
         k, v = kw.pop("k", k), kw.pop("v", v)
+        quantized = kw.pop("quantized", None)
+        if quantized is not None:
+            return lambda M: M.attention(q, causal=causal, return_weights=weights, mask=mask,
+                                         **quantized(M), **kw)
         return lambda M: M.attention(q, k, v, causal=causal, return_weights=weights, mask=mask, **kw)
     if case.startswith("calls:"):
         # calls:OPT[+OPT...] -- 1000 small decode steps (8 query heads, 1 row, 16 keys,
