@@ -73,5 +73,6 @@
 #define fa_load_u8 fa_port_load_u8
 #define fa_load_u4 fa_port_load_u4
 #define fa_load2_u4 fa_port_load2_u4
+#define fa_low4 fa_port_low4
 
 #endif /* FASTATTN_ISA_TARGET_H */

@@ -205,6 +205,8 @@ static inline void fa_load2_u4(const uint8_t *p, fa_v_f *v)
     v[1] = vcvtq_f32_u32(vmovl_high_u16(c));
 }
 
+#define fa_low4 fa_port_low4
+
 /* ---- float8 through FCVTL, as on x86 with F16C (isa/x86_avx2.h): e5m2 is the
  * top byte of an IEEE half (SHLL #8); e4m3fn becomes the half s 0eeee mmm0000000
  * -- its value / 2^8, subnormals half subnormals -- by SHLL #8, SSHR #1 (the sign

@@ -28,7 +28,8 @@
  *   fa_load_part_f8e4, fa_load4_f8e4, the same for f8e5.
  *   QuantizedKV codes: fa_load_u8 (W codes from W bytes), fa_load_u4 (W 4-bit
  *   codes from W / 2 bytes, the even element in the low nibble), fa_load2_u4
- *   (2 W 4-bit codes from W bytes into v[0], v[1]).
+ *   (2 W 4-bit codes from W bytes into v[0], v[1]), fa_low4 (the low 4 bits
+ *   of each 32-bit lane of a fa_u32_wf, as float).
  * Byte masks: fa_transpose_u8x16(r), 16 rows of 16 bytes transposed in place.
  * Not a standalone header. */
 #ifndef FASTATTN_ISA_PORTABLE_H
@@ -325,6 +326,12 @@ static inline fa_v_f fa_port_load_u4(const uint8_t *p)
         sh[e] = (e & 1) * 4;
     }
     return __builtin_convertvector((w >> sh) & 15, fa_v_f);
+}
+
+/* the low 4 bits of each 32-bit lane, as float: a mask and a conversion */
+static inline fa_v_f fa_port_low4(fa_u32_wf x)
+{
+    return __builtin_convertvector((fa_vi_f)(x & 15), fa_v_f);
 }
 
 /* 2 W 4-bit codes from W bytes: v[0], v[1] */

@@ -226,6 +226,9 @@ static inline void fa_load2_u4(const uint8_t *p, fa_v_f *v)
     v[1] = (fa_v_f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(x, 8)));
 }
 
+/* VPERMPS takes 3 index bits on 256 bits: 8 entries, not 16 */
+#define fa_low4 fa_port_low4
+
 #define fa_load4_f16(p, v) FA_LOAD4_BY_ONE(fa_load_f16, p, v, FA_WF)
 #define fa_load4_bf16(p, v) FA_LOAD4_BY_ONE(fa_load_bf16, p, v, FA_WF)
 #define fa_load4_i8(p, v) FA_LOAD4_BY_ONE(fa_load_i8, p, v, FA_WF)

@@ -239,6 +239,15 @@ static inline fa_v_f fa_load_u4(const uint8_t *p)
     return (fa_v_f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
 }
 
+/* the low 4 bits of each lane as float: one VPERMPS from the table 0..15 (it reads
+ * only an index's low 4 bits), in place of a mask and a conversion -- the same
+ * values */
+static inline fa_v_f fa_low4(fa_u32_wf x)
+{
+    const __m512 t = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return (fa_v_f)_mm512_permutexvar_ps((__m512i)x, t);
+}
+
 /* 32 codes from 16 bytes: one split, the two interleaved halves widened */
 static inline void fa_load2_u4(const uint8_t *p, fa_v_f *v)
 {

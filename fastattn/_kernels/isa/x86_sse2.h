@@ -74,6 +74,7 @@ static inline unsigned fa_lane_bits_d(fa_vi_d m) { return (unsigned)_mm_movemask
 #define fa_load_u8 fa_port_load_u8
 #define fa_load_u4 fa_port_load_u4
 #define fa_load2_u4 fa_port_load2_u4
+#define fa_low4 fa_port_low4
 
 /* streaming stores (MOVNTPS / MOVNTPD) of whole vectors to aligned addresses,
  * and the store fence after them (simd.h: fa_stream_f) */
