@@ -32,6 +32,18 @@ static inline FA_T FA_SFX(fa_code_at)(const uint8_t *x, int bits, int64_t d)
     return (FA_T)(bits == 8 ? x[d] : (x[d >> 1] >> ((d & 1) * 4)) & 15);
 }
 
+/* The hints for one key of a QuantizedKV cache: its codes (rb bytes at x), its
+ * scale and zero point rows (at scale, zero) -- the scores' and P.V's readers
+ * hint the key pf rows ahead of the one they read. */
+static inline __attribute__((always_inline)) void FA_SFX(fa_qz_prefetch_key)(const uint8_t *x, int64_t rb,
+                                                                            const float *scale, const float *zero,
+                                                                            const int l2)
+{
+    fa_prefetch_bytes_at(x, rb, l2);
+    fa_prefetch_at(scale, l2);
+    fa_prefetch_at(zero, l2);
+}
+
 /* Rows j < n: codes at x + j * xsr (bytes; 4 bits: element d in byte d / 2),
  * scales at scale + j * ssr + g * ssc, zero points at zero + j * zsr + g * zsc
  * (float32, group g = d / G), into dst + j * ld (columns D..ld-1 zero: the
@@ -165,9 +177,7 @@ FA_SFX(fa_qk_pass_qz)(const float *qp, int64_t ldq, const int R, int nrow, int64
     FA_UNROLL for (int a = 0; a < FA_W; a++) r[a] = FA_SFX(fa_set1)(0);
     if (pf)
         for (int u = 0; u < nk; u++) {
-            fa_prefetch_bytes_at(x + (u + pf) * xsr, rb, l2);
-            fa_prefetch_at(scale + (u + pf) * ssr, l2);
-            fa_prefetch_at(zero + (u + pf) * zsr, l2);
+            FA_SFX(fa_qz_prefetch_key)(x + (u + pf) * xsr, rb, scale + (u + pf) * ssr, zero + (u + pf) * zsr, l2);
         }
     int64_t d = 0;
     if (bits == 4)      /* two vectors of 4-bit codes from one split (fa_load2_u4) */
@@ -346,11 +356,7 @@ FA_SFX(fa_pv_cols_qz)(const float *p, int64_t ldp, const uint8_t *x, int64_t xsr
     for (int64_t j = k0; j < k1; j++) {
         const uint8_t *xr = x + j * xsr;
         const float *sr = scale + j * ssr, *zr = zero + j * zsr;
-        if (pf) {
-            fa_prefetch_bytes_at(xr + pf * xsr, rb, l2);
-            fa_prefetch_at(sr + pf * ssr, l2);
-            fa_prefetch_at(zr + pf * zsr, l2);
-        }
+        if (pf) FA_SFX(fa_qz_prefetch_key)(xr + pf * xsr, rb, sr + pf * ssr, zr + pf * zsr, l2);
         float pj[4];
         if (!wt) FA_UNROLL for (int r = 0; r < R; r++) pj[r] = p[r * ldp + j];
         FA_V c[8];

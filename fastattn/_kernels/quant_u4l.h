@@ -89,9 +89,7 @@ FA_SFX(fa_qk_pass_u4l)(const float *Q, const float *QS, const int R, int nrow, i
     float rb[FA_W * FA_W] __attribute__((aligned(64)));
     if (pf)
         for (int u = 0; u < nk; u++) {
-            fa_prefetch_bytes_at(x + (u + pf) * xsr, D / 2, l2);
-            fa_prefetch_at(scale + (u + pf) * ssr, l2);
-            fa_prefetch_at(zero + (u + pf) * zsr, l2);
+            FA_SFX(fa_qz_prefetch_key)(x + (u + pf) * xsr, D / 2, scale + (u + pf) * ssr, zero + (u + pf) * zsr, l2);
         }
     /* KB keys at a time: each row's vector of Q loaded once for the KB keys, and
      * R * KB independent sums in flight (one key at a time, R = 4: a load per FMA
@@ -264,11 +262,7 @@ FA_SFX(fa_pv_cols_u4l)(const float *p, int64_t ldp, const uint8_t *x, int64_t xs
     for (int64_t j = k0; j < k1; j++) {
         const uint8_t *xr = x + j * xsr;
         const float *sr = scale + j * ssr, *zr = zero + j * zsr;
-        if (pf) {
-            fa_prefetch_bytes_at(xr + pf * xsr, rb, l2);
-            fa_prefetch_at(sr + pf * ssr, l2);
-            fa_prefetch_at(zr + pf * zsr, l2);
-        }
+        if (pf) FA_SFX(fa_qz_prefetch_key)(xr + pf * xsr, rb, sr + pf * ssr, zr + pf * zsr, l2);
         fa_u32_wf xv;
         memcpy(&xv, xr + d / 2, sizeof xv);
         const FA_V sv = FA_SFX(fa_lane_groups)(sr + gs, ssc, NG);
