@@ -1,9 +1,11 @@
 """Paired A/B of two fastattn builds in ONE process, for kernel changes of a few percent.
 
     python tools/ab_builds.py OLD_TREE NEW_TREE [--cases prefill,long,...] [--reps 30]
-    (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L][:softcap=C]
-    [:kv=bf16|f16|int8|f8e4|f8e5|u8|u4[gG]] -- keys and values stored in that type, int8 with per-key scales, float8 and
-    bfloat16 through ml_dtypes, u8 / u4 as each build's QuantizedKV (quantize_kv, group size G or the default) -- or calls:OPT[+OPT...]: 1000 small decode steps with options, e.g. calls:br+kvlen+lse)
+    (a case may also be any shape: attn:BxHqxHkvxLqxLkxD[:f64|:bf16][:causal][:weights][:mask][:bias][:alibi][:window=L][:softcap=C]
+    [:bwd][:kv=bf16|f16|int8|f8e4|f8e5|u8|u4[gG]] -- keys and values stored in that type, int8 with per-key scales, float8 and
+    bfloat16 through ml_dtypes, u8 / u4 as each build's QuantizedKV (quantize_kv, group size G or the default); bf16: q, k
+    and v in bfloat16; bwd: attention_backward of that forward, out and lse from the first build asked -- or
+    calls:OPT[+OPT...]: 1000 small decode steps with options, e.g. calls:br+kvlen+lse)
 
 OLD_TREE and NEW_TREE are source trees with in-place builds (``python setup.py
 build_ext --inplace``), e.g. a ``git worktree`` of the base commit and this checkout.
@@ -125,8 +127,8 @@ def make_case(case, rng):
         x = rng.standard_normal((2048, 2048)).astype(np.float32)
         return lambda M: M.softmax(x, axis=0)
     if case.startswith("attn:"):
-        # attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=LEFT][:softcap=C][:kv=T]
-        # -- any attention shape (window=LEFT: each query sees itself and LEFT keys before it)
+        # attn:BxHqxHkvxLqxLkxD[:f64|:bf16][:causal][:weights][:mask][:bias][:alibi][:window=LEFT][:softcap=C][:bwd]
+        # [:kv=T] -- any attention shape (window=LEFT: each query sees itself and LEFT keys before it)
         dims, *flags = case[5:].split(":")
         B, Hq, Hkv, Lq, Lk, D = (int(x) for x in dims.split("x"))
         dt = np.float64 if "f64" in flags else np.float32
@@ -148,7 +150,22 @@ def make_case(case, rng):
             elif f.startswith("kv="):
                 kw.update(stored_kv(f[3:], k, v))
         k, v = kw.pop("k", k), kw.pop("v", v)
+        if "bf16" in flags:
+            import ml_dtypes
+            q, k, v = (x.astype(ml_dtypes.bfloat16) for x in (q, k, v))
         quantized = kw.pop("quantized", None)
+        if "bwd" in flags:
+            if quantized is not None or weights:
+                sys.exit(f"{case}: bwd takes neither kv=u4 / u8 nor weights")
+            fwd = {}
+
+            def backward(M):
+                if not fwd:
+                    out, lse = M.attention(q, k, v, causal=causal, mask=mask, return_lse=True, **kw)
+                    fwd.update(out=out, lse=lse, g=rng.standard_normal(out.shape).astype(out.dtype))
+                return M.attention_backward(fwd["g"], q, k, v, fwd["out"], fwd["lse"], causal=causal, mask=mask,
+                                            **kw)
+            return backward
         if quantized is not None:
             return lambda M: M.attention(q, causal=causal, return_weights=weights, mask=mask,
                                          **quantized(M), **kw)
@@ -179,7 +196,8 @@ def make_case(case, rng):
                 M.attention(q, k, v, **kw)
         return calls
     sys.exit(f"unknown case {case!r}; known: {', '.join(list(CASES) + OTHER)}, "
-             "attn:BxHqxHkvxLqxLkxD[:f64][:causal][:weights][:mask][:bias][:alibi][:window=L][:softcap=C][:kv=T], or calls:OPT[+OPT...]")
+             "attn:BxHqxHkvxLqxLkxD[:f64|:bf16][:causal][:weights][:mask][:bias][:alibi][:window=L][:softcap=C][:bwd]"
+             "[:kv=T], or calls:OPT[+OPT...]")
 
 
 def main(argv=None):

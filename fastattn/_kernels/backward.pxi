@@ -4,14 +4,17 @@
 # packing routines and micro-kernels; its own C kernels are backward_kernels.h.
 #
 # Per tile pair (a block of BWD_BQ query rows against a block of BWD_BK keys),
-# with Qs = scale * q and Ks = scale * k:
+# with Qs = scale * q and Ks = scale * k (the plan and workspace: backward_plan.pxi):
 #     S  = Qs . K^T, then softcap, bias, ALiBi, mask (the forward's order)
 #     P  = exp(S - lse)                    lse from the forward: P is recomputed, never stored
 #     dP = dO . V^T
 #     dS = P * (dP - D), D = rowsum(dO * O) (times softcap's 1 - tanh^2)
 #     dV += P^T . dO,  dK += dS^T . Qs,  dQ += dS . Ks
 # All five products are register-blocked micro-kernels: S and dP the forward's
-# QK products of packed rows against transposed key / value panels (qk_block),
+# QK products of packed rows against transposed key / value panels (qk_block;
+# where both operands are bfloat16 and the target has pair dot products,
+# fa_qk_block_bd of bf16_dot.h on panels of bfloat16 pairs: exact products,
+# float32 sums, the scale applied to the sums as in the forward),
 # the other three its P.V blocking (pv_block) summed in two levels
 # (fa_bwd_pv_block) of row tiles against packed rows; fa_bwd_tile makes P and
 # dS and their transposes in one pass.
@@ -57,128 +60,7 @@ cdef extern from "backward_kernels.h" nogil:
     double fa_dot_d(const double *a, const double *b, int64_t n)
 
 
-cdef enum:
-    BWD_BQ = 96              # query rows per tile; with BWD_BK a multiple of every register
-    BWD_BK = 96              # block, vector width and QK panel width of every ISA and dtype
-    BWD_UNIT_TARGET = 32     # key groups per batch element: at least this many units when possible
-    BWD_NARROW = 256         # dq columns summed at a time before a float16 / bfloat16 dq's rounding
-
-# dq partials (G > 1 key groups) take at most this many bytes; G shrinks to fit
-cdef int64_t BWD_PARTIAL_BUDGET = 16 << 20
-
-
-cdef struct BwdPlan:
-    Plan P                  # the forward's plan: q, k, v, out (P.o), lse (P.lse), mask, bias,
-                            # kv_lengths, ALiBi; P.softcap is 0 (softcap is applied here)
-    Plan Pv                 # P with v in the key slot: pack_k_tile packs value panels with it
-    Operand dout, dq, dk, dv, dbias
-    double softcap          # 0: none
-    int want_dbias
-    int64_t dkp, dvp        # head dims rounded up to whole vectors
-    int64_t nkb, nqb        # key blocks, query blocks (over the g * Lq rows of a batch element)
-    int64_t tq, ts          # row strides of the transposed tiles (query rows) and of the score
-                            # tiles (keys): BWD_BQ and BWD_BK, less for problems smaller than a tile
-    int64_t G               # key groups per batch element
-    int64_t nslices
-    const int64_t *order    # batch elements slice by slice (NULL: slice s = batch element s)
-    const int64_t *starts   # slice s is order[starts[s]:starts[s + 1]]
-    char *partial           # G > 1: dq partials (nbatch, G, nrows, dkp)
-
-
-cdef struct BwdWorkspace:
-    char *arena             # one allocation holding every buffer below
-    Workspace rows          # the forward's per-row arrays (lo, hi, pos, qoff, goff) of one query
-                            # block, for setup_rows, rows_key_span and apply_score_options
-    # (tq <= BQ query rows, ts <= BK keys: BwdPlan)
-    void *qs                # tq x dkp    scaled query rows
-    void *dor               # tq x dvp    output-gradient rows
-    void *kt                # Dk x ts     key panels (pack_k_tile)
-    void *vt                # Dv x ts     value panels
-    void *ks                # ts x dkp    scaled key rows
-    void *s                 # tq x ts     scores
-    void *dp                # tq x ts     dO . V^T, then dS
-    void *f                 # tq x ts     softcap factor 1 - tanh^2
-    void *db                # tq x ts     bias gradient before the softcap factor
-    void *pt                # ts x tq     P^T
-    void *dst               # ts x tq     dS^T
-    void *dk                # ts x dkp    dK accumulator of the key block
-    void *dv                # ts x dvp    dV accumulator
-    void *tail              # PV_MR x dkp the dQ rows of a partial register block
-    void *lse               # nrows + tq  per-row lse (+inf for rows that see no key)
-    void *dd                # nrows + tq  rowsum(dO * O)
-    int64_t *qlo            # nqb         first key any row of a query block sees
-    int64_t *qhi            # nqb         one past its last
-    int64_t *off            # max(tq, ts) element offsets of rows to pack
-    void *dq                # nrows x dkp dQ accumulator (G == 1)
-
-
-cdef int64_t bwd_workspace_layout(BwdWorkspace *ws, const BwdPlan *B, size_t item, char *base) noexcept nogil:
-    """Lay the buffers out from base (NULL: only measure); returns the bytes needed."""
-    cdef char *cur = base
-    cdef int64_t tile = B.tq * B.ts * item
-    cdef int64_t dk = B.P.Dk if B.P.Dk > 0 else 1
-    cdef int64_t dv = B.P.Dv if B.P.Dv > 0 else 1
-    cdef int64_t nrows = B.P.nrows
-    ws.qs = carve(&cur, B.tq * B.dkp * item)
-    ws.dor = carve(&cur, B.tq * B.dvp * item)
-    ws.kt = carve(&cur, B.ts * dk * item)
-    ws.vt = carve(&cur, B.ts * dv * item)
-    ws.ks = carve(&cur, B.ts * B.dkp * item)
-    ws.s = carve(&cur, tile)
-    ws.dp = carve(&cur, tile)
-    ws.f = carve(&cur, tile) if B.softcap > 0 else NULL
-    ws.db = carve(&cur, tile) if B.softcap > 0 and B.want_dbias else NULL
-    ws.pt = carve(&cur, tile)
-    ws.dst = carve(&cur, tile)
-    ws.dk = carve(&cur, B.ts * B.dkp * item)
-    ws.dv = carve(&cur, B.ts * B.dvp * item)
-    ws.tail = carve(&cur, FA_PV_MR * B.dkp * item)
-    ws.lse = carve(&cur, (nrows + B.tq) * item)
-    ws.dd = carve(&cur, (nrows + B.tq) * item)
-    ws.qlo = <int64_t *>carve(&cur, B.nqb * sizeof(int64_t))
-    ws.qhi = <int64_t *>carve(&cur, B.nqb * sizeof(int64_t))
-    ws.off = <int64_t *>carve(&cur, max(B.tq, B.ts) * sizeof(int64_t))
-    ws.dq = carve(&cur, nrows * B.dkp * item) if B.G == 1 else NULL
-    ws.rows.lo = <int64_t *>carve(&cur, B.tq * sizeof(int64_t))
-    ws.rows.hi = <int64_t *>carve(&cur, B.tq * sizeof(int64_t))
-    ws.rows.pos = <int64_t *>carve(&cur, B.tq * sizeof(int64_t))
-    ws.rows.qoff = <int64_t *>carve(&cur, B.tq * sizeof(int64_t))
-    ws.rows.goff = <int64_t *>carve(&cur, B.tq * sizeof(int64_t))
-    return cur - base
-
-
-cdef BwdWorkspace *bwd_workspace_new(const BwdPlan *B, size_t item) noexcept nogil:
-    """A heap workspace with its arena allocated; NULL on failure.  The lanes of
-    dP and of the softcap factor that no product writes, and the row terms of
-    padding rows, are read (and discarded by fa_bwd_tile's selects): zeros
-    there, not whatever the memory held (subnormal garbage costs microcode
-    assists on some cores)."""
-    cdef BwdWorkspace *ws = <BwdWorkspace *>fa_alloc(sizeof(BwdWorkspace))
-    cdef int64_t nbytes
-    if ws == NULL:
-        return NULL
-    memset(ws, 0, sizeof(BwdWorkspace))
-    nbytes = bwd_workspace_layout(ws, B, item, NULL)
-    if nbytes > WORKSPACE_MAX_BYTES:
-        fa_free(ws)
-        return NULL
-    ws.arena = <char *>fa_alloc(nbytes)
-    if ws.arena == NULL:
-        fa_free(ws)
-        return NULL
-    bwd_workspace_layout(ws, B, item, ws.arena)
-    memset(ws.dp, 0, B.tq * B.ts * item)
-    if ws.f != NULL:
-        memset(ws.f, 0, B.tq * B.ts * item)
-    memset(ws.lse, 0, (B.P.nrows + B.tq) * item)
-    memset(ws.dd, 0, (B.P.nrows + B.tq) * item)
-    return ws
-
-
-cdef void bwd_workspace_delete(BwdWorkspace *ws) noexcept nogil:
-    if ws != NULL:
-        fa_free(ws.arena)
-        fa_free(ws)
+include "backward_plan.pxi"
 
 
 # ---------------------------------------------------------------- fused-type wrappers
@@ -308,10 +190,18 @@ cdef int bwd_pack_keys(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t kb
     cdef const char *kbase = stored_at(&P.k, batch_offset(P, &P.k, b))
     cdef const char *vbase = stored_at(&P.v, batch_offset(P, &P.v, b))
     cdef int64_t j
-    pack_k_tile(P, kt, kbase, kb, n)
-    pack_k_tile(&B.Pv, <floating *>ws.vt, vbase, kb, n)
+    if B.bd_dp:     # value pairs (the panels' buffer holds them: (Dv + 1) // 2 words <= Dv floats a key)
+        for j in range(n):
+            ws.off[j] = (kb + j) * P.v.sr
+        fa_pack_key_pairs_bd(<const uint16_t *>vbase, ws.off, P.v.sc, n, P.Dv, <uint32_t *>ws.vt)
+    else:
+        pack_k_tile(&B.Pv, <floating *>ws.vt, vbase, kb, n)
     for j in range(n):
         ws.off[j] = (kb + j) * P.k.sr
+    if B.bd_s:
+        fa_pack_key_pairs_bd(<const uint16_t *>kbase, ws.off, P.k.sc, n, P.Dk, <uint32_t *>kt)
+    else:
+        pack_k_tile(P, kt, kbase, kb, n)
     return bwd_pack_stored(&P.k, kbase, ws.off, n, P.Dk, <floating>P.scale, <floating *>ws.ks, B.dkp, n)
 
 
@@ -335,8 +225,16 @@ cdef void bwd_scores(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t r0, 
     while i0 < nr:
         rows_key_span(rw_, i0, min(i0 + FA_QK_MR, nr), kb, n, &a, &e)
         if a < e:
-            qk_block(qs + i0 * B.dkp, B.dkp, <floating *>ws.kt, P.Dk, s + i0 * B.ts, B.ts, a // NR, e)
-            qk_block(dor + i0 * B.dvp, B.dvp, <floating *>ws.vt, P.Dv, dp + i0 * B.ts, B.ts, a // NR, e)
+            if floating is float and B.bd_s:
+                fa_qk_block_bd((<const uint16_t *>ws.q2) + i0 * bd_ld(P.Dk), bd_ld(P.Dk), <const uint32_t *>ws.kt,
+                               bd_ld(P.Dk) // 2, <float>P.scale, s + i0 * B.ts, B.ts, a // NR, e)
+            else:
+                qk_block(qs + i0 * B.dkp, B.dkp, <floating *>ws.kt, P.Dk, s + i0 * B.ts, B.ts, a // NR, e)
+            if floating is float and B.bd_dp:
+                fa_qk_block_bd((<const uint16_t *>ws.do2) + i0 * bd_ld(P.Dv), bd_ld(P.Dv), <const uint32_t *>ws.vt,
+                               bd_ld(P.Dv) // 2, 1, dp + i0 * B.ts, B.ts, a // NR, e)
+            else:
+                qk_block(dor + i0 * B.dvp, B.dvp, <floating *>ws.vt, P.Dv, dp + i0 * B.ts, B.ts, a // NR, e)
         i0 += FA_QK_MR
     for i in range(rw):
         srow = s + i * B.ts
@@ -504,19 +402,25 @@ cdef void bwd_tile(const BwdPlan *B, BwdWorkspace *ws, int64_t b, int64_t r, int
     cdef int qnf, dnf
     cdef floating *s = <floating *>ws.s
     cdef floating *dp = <floating *>ws.dp
+    cdef const char *qbase
+    cdef const char *gbase
     setup_rows(P, &ws.rows, b, r0, nr, kb, kb + n, &lo_all, &hi_all)
     if lo_all >= hi_all:
         return
     rw = tile_span(nr, FA_VBYTES // sizeof(floating))
     cw = tile_span(n, FA_VBYTES // sizeof(floating))
-    qnf = bwd_pack_stored(&P.q, stored_at(&P.q, batch_offset(P, &P.q, b)), ws.rows.qoff, nr,
-                          P.Dk, <floating>P.scale, <floating *>ws.qs, B.dkp, rw)
+    qbase = stored_at(&P.q, batch_offset(P, &P.q, b))
+    gbase = stored_at(&B.dout, batch_offset(P, &B.dout, b))
+    qnf = bwd_pack_stored(&P.q, qbase, ws.rows.qoff, nr, P.Dk, <floating>P.scale, <floating *>ws.qs, B.dkp, rw)
+    if B.bd_s:
+        fa_pack_rows_bd(<const uint16_t *>qbase, ws.rows.qoff, P.q.sc, nr, P.Dk, <uint16_t *>ws.q2, bd_ld(P.Dk), rw)
     for i in range(nr):
         grp = ws.rows.goff[i]
         pos = r0 + i - grp * P.Lq
         ws.off[i] = grp * B.dout.sg + pos * B.dout.sr
-    dnf = bwd_pack_stored(&B.dout, stored_at(&B.dout, batch_offset(P, &B.dout, b)), ws.off, nr,
-                          P.Dv, 1, <floating *>ws.dor, B.dvp, rw)
+    dnf = bwd_pack_stored(&B.dout, gbase, ws.off, nr, P.Dv, 1, <floating *>ws.dor, B.dvp, rw)
+    if B.bd_dp:
+        fa_pack_rows_bd(<const uint16_t *>gbase, ws.off, B.dout.sc, nr, P.Dv, <uint16_t *>ws.do2, bd_ld(P.Dv), rw)
     bwd_scores(B, ws, b, r0, nr, kb, n, rw, cw, s)
     bwd_tile_grads(s, dp, <floating *>ws.f, B.ts, (<floating *>ws.lse) + r0, (<floating *>ws.dd) + r0, rw, cw,
                    dp, <floating *>ws.db, <floating *>ws.pt, <floating *>ws.dst, B.tq)
@@ -739,6 +643,12 @@ cdef int backward_execute(BwdPlan *B, cnp.ndarray dout, cnp.ndarray q, cnp.ndarr
     fill_operand(&B.dk, dk, 2, &B.P, hq)
     fill_operand(&B.dv, dv, 2, &B.P, hq)
     B.want_dbias = dbias is not None
+    # bfloat16 pair dot products for S and dP where both operands are bfloat16 (the
+    # forward's choice for S: fastattn.attention reads q and k the same way)
+    B.bd_s = (typenum == cnp.NPY_FLOAT and FA_BF16_DOT != 0 and B.P.q.store == STORE_BF16
+              and B.P.k.store == STORE_BF16 and B.P.Dk > 0)
+    B.bd_dp = (typenum == cnp.NPY_FLOAT and FA_BF16_DOT != 0 and B.dout.store == STORE_BF16
+               and B.P.v.store == STORE_BF16 and B.P.Dv > 0)
     if B.want_dbias:
         fill_operand(&B.dbias, dbias, 2, &B.P, hq)
     B.dkp = round_up(B.P.Dk if B.P.Dk > 0 else 1, W)

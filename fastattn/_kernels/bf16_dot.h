@@ -1,5 +1,6 @@
 /* Q.K^T of bfloat16 queries and keys by bfloat16 pair dot products, for the
- * query-vectorised unit (targets that define FA_HAVE_BF16_DOT and
+ * query-vectorised unit and the backward's S and dP (fa_qk_block_bd, below;
+ * targets that define FA_HAVE_BF16_DOT and
  * fa_bf16_dot2_f: AVX512_BF16's VDPBF16PS, ARMv8.6's BFDOT).
  *
  * Layout: Q2[d2][i] holds the bfloat16 pair (q[i][2 d2], q[i][2 d2 + 1]) of query
@@ -124,8 +125,58 @@ static void fa_qvec_qk_chunk_bd(const uint16_t *k, int64_t ksr, const float *q2,
 #undef FA_BD_TAILS
 #undef FA_BD_BY_WIDTH
 
+/* The backward's S = Q.K^T and dP = dO.V^T (backward.pxi) on its register
+ * blocks: rows i of Q2 (bfloat16, unscaled, elements in pairs: ldq elements
+ * apart, zero past D) against panels of NR = FA_QK_NV * W keys holding the key
+ * pair (k[j][2 p], k[j][2 p + 1]) at panel[p * NR + j] (fa_pack_key_pairs_bd);
+ * S = scale * sum, the products exact and the sums in float32 as in the
+ * forward's fa_qvec_qk_micro_bd.  The blocking and the panel walk are those of
+ * fa_qk_panel / fa_qk_block (tile_kernels.h). */
+#define FA_BD_NR (FA_QK_NV * FA_WF)
+static inline __attribute__((always_inline)) void
+fa_qk_panel_bd(const uint16_t *restrict q2, int64_t ldq, const uint32_t *restrict panel, int64_t D2, float scale,
+               float *restrict s, int64_t lds, const int nv)
+{
+    fa_v_f acc[FA_QK_MR][FA_QK_NV];
+    FA_UNROLL for (int i = 0; i < FA_QK_MR; i++)
+        FA_UNROLL for (int v = 0; v < FA_QK_NV; v++) acc[i][v] = fa_set1_f(0);
+    for (int64_t p = 0; p < D2; p++) {
+        fa_vi_f b[FA_QK_NV];
+        FA_UNROLL for (int v = 0; v < FA_QK_NV; v++)
+            if (v < nv) b[v] = (fa_vi_f)fa_load_f((const float *)(panel + p * FA_BD_NR + v * FA_WF));
+        FA_UNROLL for (int i = 0; i < FA_QK_MR; i++) {
+            const fa_vi_f a = fa_bf16_pair_bcast(q2 + i * ldq + 2 * p);
+            FA_UNROLL for (int v = 0; v < FA_QK_NV; v++)
+                if (v < nv) acc[i][v] = fa_bf16_dot2_f(acc[i][v], a, b[v]);
+        }
+    }
+    const fa_v_f sc = fa_set1_f(scale);
+    FA_UNROLL for (int i = 0; i < FA_QK_MR; i++)
+        FA_UNROLL for (int v = 0; v < FA_QK_NV; v++)
+            if (v < nv) fa_store_f(s + i * lds + v * FA_WF, acc[i][v] * sc);
+}
+
+/* S[0:MR, c*NR:e] for each panel c from c0 on that holds columns below e (D2
+ * pairs a row; panel c at kt2 + c * D2 * NR), as fa_qk_block. */
+static inline void fa_qk_block_bd(const uint16_t *q2, int64_t ldq, const uint32_t *kt2, int64_t D2, float scale,
+                                  float *s, int64_t lds, int64_t c0, int64_t e)
+{
+    for (int64_t c = c0; c * FA_BD_NR < e; c++) {
+        if (FA_QK_NV > 1 && e - c * FA_BD_NR <= FA_WF)
+            fa_qk_panel_bd(q2, ldq, kt2 + c * D2 * FA_BD_NR, D2, scale, s + c * FA_BD_NR, lds, 1);
+        else
+            fa_qk_panel_bd(q2, ldq, kt2 + c * D2 * FA_BD_NR, D2, scale, s + c * FA_BD_NR, lds, FA_QK_NV);
+    }
+}
+
 #else
 #define FA_BF16_DOT 0
+#define FA_BD_NR (FA_QK_NV * FA_WF)
+static inline void fa_qk_block_bd(const uint16_t *q2, int64_t ldq, const uint32_t *kt2, int64_t D2, float scale,
+                                  float *s, int64_t lds, int64_t c0, int64_t e)
+{
+    (void)q2; (void)ldq; (void)kt2; (void)D2; (void)scale; (void)s; (void)lds; (void)c0; (void)e;
+}
 static inline void fa_qvec_qk_chunk_bd(const uint16_t *k, int64_t ksr, const float *q2, int64_t ldq, int64_t D,
                                        float scale, float *st, int64_t lds, int64_t j0, int64_t j1, float *mx,
                                        int nv, int pf)
@@ -146,3 +197,51 @@ static inline void fa_pack_pairs_bd(const uint16_t *q, const int64_t *qoff, int6
             memcpy(q2 + p * ld + i, row + 2 * p, 4);
     }
 }
+
+/* The element at e of a bfloat16 row of D elements sc apart; 0 at e = D (the
+ * partner of an odd D's last element). */
+static inline uint16_t fa_bf16_at(const uint16_t *row, int64_t e, int64_t D, int64_t sc)
+{
+    return e < D ? row[e * sc] : 0;
+}
+
+/* Rows of the backward's pair products (fa_qk_block_bd): nr bfloat16 rows at
+ * base + off[i] (elements sc apart) copied into dst + i * ld, zeros from D to ld
+ * (ld even) and in rows nr..npad-1. */
+static inline void fa_pack_rows_bd(const uint16_t *base, const int64_t *off, int64_t sc, int64_t nr, int64_t D,
+                                   uint16_t *dst, int64_t ld, int64_t npad)
+{
+    for (int64_t i = 0; i < nr; i++) {
+        const uint16_t *row = base + off[i];
+        uint16_t *d = dst + i * ld;
+        if (sc == 1) {
+            memcpy(d, row, (size_t)D * sizeof *d);
+        } else {
+            for (int64_t e = 0; e < D; e++) d[e] = row[e * sc];
+        }
+        memset(d + D, 0, (size_t)(ld - D) * sizeof *d);
+    }
+    if (npad > nr) memset(dst + nr * ld, 0, (size_t)((npad - nr) * ld) * sizeof *dst);
+}
+
+/* Key panels of fa_qk_block_bd from n bfloat16 rows at base + off[j] (elements
+ * sc apart): panel j / NR, word p * NR + j % NR = the pair (k[j][2 p], k[j][2 p + 1])
+ * (0 past D), for p < (D + 1) / 2; the columns of a partial last panel zero. */
+static inline void fa_pack_key_pairs_bd(const uint16_t *base, const int64_t *off, int64_t sc, int64_t n, int64_t D,
+                                        uint32_t *kt2)
+{
+    const int64_t D2 = (D + 1) / 2;
+    for (int64_t j = 0; j < n; j++) {
+        const uint16_t *row = base + off[j];
+        uint32_t *col = kt2 + (j / FA_BD_NR) * D2 * FA_BD_NR + j % FA_BD_NR;
+        for (int64_t p = 0; p < D2; p++)
+            col[p * FA_BD_NR] = (uint32_t)fa_bf16_at(row, 2 * p, D, sc)
+                                | (uint32_t)fa_bf16_at(row, 2 * p + 1, D, sc) << 16;
+    }
+    if (n % FA_BD_NR) {
+        uint32_t *panel = kt2 + (n / FA_BD_NR) * D2 * FA_BD_NR;
+        for (int64_t p = 0; p < D2; p++)
+            for (int64_t j = n % FA_BD_NR; j < FA_BD_NR; j++) panel[p * FA_BD_NR + j] = 0;
+    }
+}
+#undef FA_BD_NR

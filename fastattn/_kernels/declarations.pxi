@@ -3,7 +3,7 @@
 # every other part of the kernel module uses.
 
 from cython.parallel cimport prange, parallel, threadid
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uintptr_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uintptr_t
 from libc.math cimport exp, log, sqrt, isfinite, INFINITY, NAN
 
 cimport numpy as cnp
@@ -97,6 +97,12 @@ cdef extern from "simd.h" nogil:
                              int nv, int pf)
     void fa_pack_pairs_bd(const uint16_t *q, const int64_t *qoff, int64_t nr, int64_t D, float *q2,
                           int64_t ld)
+    void fa_qk_block_bd(const uint16_t *q2, int64_t ldq, const uint32_t *kt2, int64_t D2, float scale,
+                        float *s, int64_t lds, int64_t c0, int64_t e)
+    void fa_pack_rows_bd(const uint16_t *base, const int64_t *off, int64_t sc, int64_t nr, int64_t D,
+                         uint16_t *dst, int64_t ld, int64_t npad)
+    void fa_pack_key_pairs_bd(const uint16_t *base, const int64_t *off, int64_t sc, int64_t n, int64_t D,
+                              uint32_t *kt2)
     void fa_qvec_pv_chunk_f(const float *v, int64_t vsr, int64_t vsc, int64_t Dv, const float *pt,
                         int64_t lds, int64_t j0, int64_t j1, float *ot, int64_t ldo, int nv)
     void fa_qvec_pv_chunk_d(const double *v, int64_t vsr, int64_t vsc, int64_t Dv, const double *pt,
