@@ -381,10 +381,13 @@ def _torch_runner(case, inputs, threads, np):
         # "bwd" times torch.autograd.grad alone, "fwd+bwd" the forward too
         torch.set_grad_enabled(True)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        grad = torch.from_numpy(inputs["grad"])
+        g = inputs["grad"]
+        grad = torch.from_numpy(g.view(np.int16)).view(torch.bfloat16) if kv_dtype == "bfloat16" \
+            else torch.from_numpy(g).to(q.dtype)
 
         def backward(out):
-            return tuple(t.numpy() for t in torch.autograd.grad(out, (q, k, v), grad, retain_graph=True))
+            grads = torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+            return tuple((t.float() if kv_dtype else t).numpy() for t in grads)
         if case["backward"] == "fwd+bwd":
             return (lambda: backward(F.scaled_dot_product_attention(q, k, v, **kw))), info
         out = F.scaled_dot_product_attention(q, k, v, **kw)

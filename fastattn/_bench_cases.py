@@ -152,6 +152,10 @@ BACKWARD_CASES = [
        note="one long head: torch's backward parallelises over batch x heads"),
     _A("bwd-batch", 4, 8, 512, 512, 64, causal=True, backward="bwd", extra=True),
     _A("bwd-f64", 1, 8, 1024, 1024, 64, dtype="float64", backward="bwd", extra=True),
+    _A("bwd-prefill-bf16", 1, 8, 1024, 1024, 64, backward="bwd", extra=True, kv_dtype="bfloat16",
+       q_dtype="bfloat16", twin="bwd-prefill", note="bfloat16 q, k, v and grad_out; torch: the same in bfloat16"),
+    _A("bwd-causal-bf16", 1, 8, 1024, 1024, 64, causal=True, backward="bwd", extra=True, kv_dtype="bfloat16",
+       q_dtype="bfloat16", twin="bwd-causal"),
     _A("bwd-memory", 1, 1, 16384, 16384, 64, memory=True, backward="bwd", extra=True, slow_numpy=True,
        note="extra memory beyond inputs, out, lse and the gradients"),
     _A("train-prefill", 1, 8, 1024, 1024, 64, backward="fwd+bwd", extra=True),
@@ -377,7 +381,9 @@ def make_inputs(case, np):
     if case.get("sinks"):
         inputs["sinks"] = _KV.sinks_input(case, np)
     if case.get("backward"):
-        inputs["grad"] = rng.standard_normal((B, Hq, case["Lq"], case["Dv"]), dtype=np.float32).astype(dt)
+        # the output gradient in the output's dtype: q's (bfloat16 for the -bf16 cases)
+        gdt = _numpy_dtype(case["q_dtype"], np) if case.get("q_dtype") else dt
+        inputs["grad"] = rng.standard_normal((B, Hq, case["Lq"], case["Dv"]), dtype=np.float32).astype(gdt)
     return inputs
 
 
