@@ -201,6 +201,27 @@ def main():
             ref = R.attention_backward(g, q, k, v, o6, l6, return_dbias="bias" in kw, **kw)
             for name, a, b in zip(("dq", "dk", "dv", "dbias"), got, ref):
                 close(f"backward/{name}/{np.dtype(dt).name}/{len(kw)}", a, b, np.dtype(dt))
+    # bfloat16 q, k, v, grad_out (pair dot products for S and dP on the variants with
+    # them): every option, then odd head dims; the gradients are rounded to bfloat16
+    try:
+        import ml_dtypes
+    except ImportError:
+        ml_dtypes = None
+    if ml_dtypes is not None:
+        bf = ml_dtypes.bfloat16
+        for shapes, kw in ((((2, 4, 33, 8), (2, 2, 50, 8), (2, 2, 50, 5)),
+                            dict(causal="bottom_right", softcap=2.0, window=(20, 1),
+                                 mask=rng.random((33, 50)) < 0.8, alibi_slopes=np.full(4, 0.2),
+                                 kv_lengths=np.array([[40, 50, 3, 0], [50, 1, 50, 49]]))),
+                           (((1, 2, 40, 7), (1, 1, 50, 7), (1, 1, 50, 5)), dict(causal=True))):
+            q, k, v = (rng.standard_normal(sh).astype(bf) for sh in shapes)
+            out, lse = fastattn.attention(q, k, v, return_lse=True, **kw)
+            g = rng.standard_normal(out.shape).astype(bf)
+            got = fastattn.attention_backward(g, q, k, v, out, lse, **kw)
+            wide = [x.astype(np.float64) for x in (g, q, k, v, out)]
+            ref = R.attention_backward(*wide, lse.astype(np.float64), **kw)
+            for name, a, b in zip(("dq", "dk", "dv"), got, ref):
+                close(f"backward/{name}/bfloat16/{len(kw)}", a, b, np.float16)
     # packed variable-length batches and paged caches: both unit kinds, key
     # splits, paged heads in lockstep, query-vectorised tiles copied / read run
     # by run / in one block, block sizes 1, 7, 16, 64; NaN in unused slots
