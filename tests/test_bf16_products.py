@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import fastattn
+from fa_testutil import rms_rel_err
 from fastattn import reference as R
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -73,10 +74,7 @@ def test_bf16_backward_as_accurate_as_rounding(shapes, causal, rng):
     got = fastattn.attention_backward(g, q, k, v, out, lse, causal=causal, align="bottom_right")
     want = R.attention_backward(f64(g), f64(q), f64(k), f64(v), f64(out), f64(lse), causal=causal,
                                 align="bottom_right")
-
-    def rel_rms(x, w):
-        return np.sqrt(np.mean((f64(x) - w) ** 2) / np.mean(w ** 2))
     for name, a, w in zip(("dq", "dk", "dv"), got, want):
         assert a.dtype == BF16 and a.shape == w.shape, name
-        floor = rel_rms(w.astype(BF16), w)
-        assert rel_rms(a, w) <= 1.05 * floor + 1e-6, (name, rel_rms(a, w), floor)
+        floor = rms_rel_err(w.astype(BF16), w)
+        assert rms_rel_err(a, w) <= 1.05 * floor + 1e-6, (name, rms_rel_err(a, w), floor)
