@@ -358,13 +358,14 @@ def _torch_runner(case, inputs, threads, np):
     if kv_dtype in _KV.KV_FORMATS or case.get("sinks"):
         kw = {"enable_gqa": True} if case["Hq"] != case["Hkv"] else {}
         return _KV.torch_call(torch, F, case, inputs, kw, np), info
-    if kv_dtype in ("float16", "bfloat16"):
-        # the same dtype for q, k and v (torch requires it); bfloat16 through an int16 view
-        tdt = getattr(torch, kv_dtype)
-        q, k, v = (torch.from_numpy(inputs[n].view(np.int16)).view(tdt) if kv_dtype == "bfloat16"
-                   else torch.from_numpy(inputs[n]).to(tdt) for n in "qkv")
-    else:
-        q, k, v = (torch.from_numpy(inputs[n]) for n in "qkv")
+
+    def tensor(x):
+        # q, k, v and grad_out of one dtype (torch requires it): a float16 / bfloat16
+        # case's (bfloat16 through an int16 view), else the array's own
+        if kv_dtype == "bfloat16":
+            return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(x).to(torch.float16) if kv_dtype == "float16" else torch.from_numpy(x)
+    q, k, v = (tensor(inputs[n]) for n in "qkv")
     kw = {}
     if case["Hq"] != case["Hkv"]:
         kw["enable_gqa"] = True
@@ -381,9 +382,7 @@ def _torch_runner(case, inputs, threads, np):
         # "bwd" times torch.autograd.grad alone, "fwd+bwd" the forward too
         torch.set_grad_enabled(True)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        g = inputs["grad"]
-        grad = torch.from_numpy(g.view(np.int16)).view(torch.bfloat16) if kv_dtype == "bfloat16" \
-            else torch.from_numpy(g).to(q.dtype)
+        grad = tensor(inputs["grad"])
 
         def backward(out):
             grads = torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
