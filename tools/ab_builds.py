@@ -5,6 +5,8 @@
     [:bwd][:kv=bf16|f16|int8|f8e4|f8e5|u8|u4[gG]] -- keys and values stored in that type, int8 with per-key scales, float8 and
     bfloat16 through ml_dtypes, u8 / u4 as each build's QuantizedKV (quantize_kv, group size G or the default); bf16: q, k
     and v in bfloat16; bwd: attention_backward of that forward, out and lse from the first build asked -- or
+    paged:SxHqxHkvxCTXxBSxD[:kv=T][:vllm][:contig]: a paged decode step (bench/compare.py's paged-decode is
+    paged:8x32x8x4096x16x128; contig: its contiguous baseline) -- or
     calls:OPT[+OPT...]: 1000 small decode steps with options, e.g. calls:br+kvlen+lse)
 
 OLD_TREE and NEW_TREE are source trees with in-place builds (``python setup.py
@@ -170,6 +172,34 @@ def make_case(case, rng):
             return lambda M: M.attention(q, causal=causal, return_weights=weights, mask=mask,
                                          **quantized(M), **kw)
         return lambda M: M.attention(q, k, v, causal=causal, return_weights=weights, mask=mask, **kw)
+    if case.startswith("paged:"):
+        # paged:SxHqxHkvxCTXxBSxD[:kv=T][:vllm][:contig] -- a decode step (Lq 1, causal bottom-right) of S
+        # sequences of about CTX keys in a cache of shuffled blocks of BS slots: the inputs of bench/compare.py's
+        # paged cases (paged-decode: 8x32x8x4096x16x128); kv=T: the caches stored as T (no u4 / u8); vllm: each
+        # cache stored (num_blocks, BS, Hkv, D) and passed transposed; contig: the same keys in contiguous caches
+        # with kv_lengths (paged-decode-contiguous), the baseline of the paged time
+        dims, *flags = case[6:].split(":")
+        S, Hq, Hkv, ctx, bs, D = (int(x) for x in dims.split("x"))
+        bc = importlib.import_module("fa_new._bench_cases")
+        spec = bc.paged_case("ab", S, Hq, Hkv, D, 1, ctx, bs, decode=True,
+                             impl="contiguous" if "contig" in flags else "paged")
+        ip = bc._serving_inputs(spec, np)
+        k, v = (ip["k"], ip["v"]) if "contig" in flags else (ip["k_cache"], ip["v_cache"])
+        kw = {}
+        for f in flags:
+            if f.startswith("kv="):
+                if f[3:5] in ("u4", "u8"):
+                    sys.exit(f"{case}: paged cases take kv=bf16, f16, int8, f8e4 or f8e5")
+                kw = stored_kv(f[3:], k, v)
+        k, v = kw.pop("k", k), kw.pop("v", v)
+        q, lens = ip["q"], ip["seq_lens"]
+        if "contig" in flags:
+            return lambda M: M.attention(q, k, v, kv_lengths=lens, causal="bottom_right", **kw)
+        if "vllm" in flags:
+            k, v = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for x in (k, v))
+            kw = {n: np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for n, x in kw.items()}
+        table = ip["block_table"]
+        return lambda M: M.attention_paged(q, k, v, table, lens, causal="bottom_right", **kw)
     if case.startswith("calls:"):
         # calls:OPT[+OPT...] -- 1000 small decode steps (8 query heads, 1 row, 16 keys,
         # D 64): the per-call cost of the argument handling for these options
@@ -197,7 +227,7 @@ def make_case(case, rng):
         return calls
     sys.exit(f"unknown case {case!r}; known: {', '.join(list(CASES) + OTHER)}, "
              "attn:BxHqxHkvxLqxLkxD[:f64|:bf16][:causal][:weights][:mask][:bias][:alibi][:window=L][:softcap=C][:bwd]"
-             "[:kv=T], or calls:OPT[+OPT...]")
+             "[:kv=T], paged:SxHqxHkvxCTXxBSxD[:kv=T][:vllm][:contig], or calls:OPT[+OPT...]")
 
 
 def main(argv=None):

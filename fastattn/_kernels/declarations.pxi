@@ -24,6 +24,7 @@ cdef extern from "simd.h" nogil:
     const char *FA_ISA
     int fa_pf_wide
     int fa_pf_l2
+    const int64_t FA_PF_AUTO   # the few-rows streams' own prefetch distance (simd.h)
     enum:
         FA_VBYTES
         FA_QVEC_MR
@@ -116,13 +117,13 @@ cdef extern from "simd.h" nogil:
     void fa_qvec_softmax_chunk_d(double *st, int64_t lds, int64_t j0, int64_t j1, double *m, double *l,
                              double *ot, int64_t ldo, int64_t Dv, const double *mx, int nv)
     void fa_qk_rows_f(const float *qp, int64_t ldq, int64_t nr, int64_t D, const float *k, int64_t ksr,
-                      int64_t n, float *s, int64_t lds)
+                      int64_t n, float *s, int64_t lds, int64_t pfo)
     void fa_qk_rows_d(const double *qp, int64_t ldq, int64_t nr, int64_t D, const double *k, int64_t ksr,
-                      int64_t n, double *s, int64_t lds)
+                      int64_t n, double *s, int64_t lds, int64_t pfo)
     void fa_pv_rows_f(const float *p, int64_t ldp, int64_t nr, const float *v, int64_t ldv,
-                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_rows_d(const double *p, int64_t ldp, int64_t nr, const double *v, int64_t ldv,
-                      int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec)
+                      int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_qk_row1_f(const float *p, const float *v, int64_t ldv, int64_t k0, int64_t k1,
                          float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const float *kn,
                          int64_t ksr, int64_t nk, float *sn)
@@ -152,9 +153,9 @@ cdef extern from "simd.h" nogil:
                       int64_t ld, int64_t pf)
     int fa_pack_rows_fh(const uint16_t *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
     void fa_qk_rows_fh(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint16_t *k, int64_t ksr,
-                      int64_t n, float *s, int64_t lds)
+                      int64_t n, float *s, int64_t lds, int64_t pfo)
     void fa_pv_rows_fh(const float *p, int64_t ldp, int64_t nr, const uint16_t *v, int64_t ldv,
-                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_qk_row1_fh(const float *p, const uint16_t *v, int64_t ldv, int64_t k0, int64_t k1,
                          float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const uint16_t *kn,
                          int64_t ksr, int64_t nk, float *sn)
@@ -166,9 +167,9 @@ cdef extern from "simd.h" nogil:
                       int64_t ld, int64_t pf)
     int fa_pack_rows_fb(const uint16_t *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
     void fa_qk_rows_fb(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint16_t *k, int64_t ksr,
-                      int64_t n, float *s, int64_t lds)
+                      int64_t n, float *s, int64_t lds, int64_t pfo)
     void fa_pv_rows_fb(const float *p, int64_t ldp, int64_t nr, const uint16_t *v, int64_t ldv,
-                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_qk_row1_fb(const float *p, const uint16_t *v, int64_t ldv, int64_t k0, int64_t k1,
                          float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const uint16_t *kn,
                          int64_t ksr, int64_t nk, float *sn)
@@ -180,9 +181,9 @@ cdef extern from "simd.h" nogil:
                       int64_t ld, int64_t pf)
     int fa_pack_rows_fi8(const int8_t *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
     void fa_qk_rows_fi8(const float *qp, int64_t ldq, int64_t nr, int64_t D, const int8_t *k, int64_t ksr,
-                      int64_t n, float *s, int64_t lds)
+                      int64_t n, float *s, int64_t lds, int64_t pfo)
     void fa_pv_rows_fi8(const float *p, int64_t ldp, int64_t nr, const int8_t *v, int64_t ldv,
-                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_qk_row1_fi8(const float *p, const int8_t *v, int64_t ldv, int64_t k0, int64_t k1,
                          float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const int8_t *kn,
                          int64_t ksr, int64_t nk, float *sn)
@@ -194,9 +195,9 @@ cdef extern from "simd.h" nogil:
                       int64_t ld, int64_t pf)
     int fa_pack_rows_fe4(const uint8_t *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
     void fa_qk_rows_fe4(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *k, int64_t ksr,
-                      int64_t n, float *s, int64_t lds)
+                      int64_t n, float *s, int64_t lds, int64_t pfo)
     void fa_pv_rows_fe4(const float *p, int64_t ldp, int64_t nr, const uint8_t *v, int64_t ldv,
-                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_qk_row1_fe4(const float *p, const uint8_t *v, int64_t ldv, int64_t k0, int64_t k1,
                          float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const uint8_t *kn,
                          int64_t ksr, int64_t nk, float *sn)
@@ -208,9 +209,9 @@ cdef extern from "simd.h" nogil:
                       int64_t ld, int64_t pf)
     int fa_pack_rows_fe5(const uint8_t *src, int64_t sr, int64_t n, int64_t D, float *dst, int64_t ldd)
     void fa_qk_rows_fe5(const float *qp, int64_t ldq, int64_t nr, int64_t D, const uint8_t *k, int64_t ksr,
-                      int64_t n, float *s, int64_t lds)
+                      int64_t n, float *s, int64_t lds, int64_t pfo)
     void fa_pv_rows_fe5(const float *p, int64_t ldp, int64_t nr, const uint8_t *v, int64_t ldv,
-                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec)
+                      int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_qk_row1_fe5(const float *p, const uint8_t *v, int64_t ldv, int64_t k0, int64_t k1,
                          float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const uint8_t *kn,
                          int64_t ksr, int64_t nk, float *sn)

@@ -9,7 +9,8 @@
 # tile each run of slots is read for every head in turn: the block's heads,
 # one stretch of memory.  Each head keeps its own unit (row_unit.pxi: its
 # begin, online softmax and finish), so the results are those of the
-# separate units, bit for bit.
+# separate units, bit for bit.  While a run is read, each head's rows request
+# their counterparts in the next run's block (next_run_rows, paged_reads.pxi).
 
 cdef enum:
     HEADS_LOCKSTEP = 8   # heads of one block read together (8 x 8 KiB: a 64 KiB stretch)
@@ -36,7 +37,7 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
     cdef RowUnit U[HEADS_LOCKSTEP]
     cdef int64_t a[HEADS_LOCKSTEP]
     cdef int64_t e[HEADS_LOCKSTEP]
-    cdef int64_t h, i, t0, t1, t, x, x0, x1, dvp, lo_all, hi_all
+    cdef int64_t h, i, t0, t1, t, x, x0, x1, dvp, lo_all, hi_all, pfo
     cdef floating *o
     cdef floating *vp
     for h in range(nh):
@@ -58,11 +59,13 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
         t = t0
         while t < t1:
             x = run_end(P, t, t1)
-            prefetch_run(P, &P.k, U[0].kbo, x if x < t1 else t1, hi_all, P.Dk)
+            pfo = next_run_rows(P, &P.k, t, x, hi_all, P.Dk)
+            if pfo == FA_PF_AUTO:
+                prefetch_run(P, &P.k, U[0].kbo, x, hi_all, P.Dk)
             for h in range(nh):
-                stored_qk_rows(P.k.store, <floating *>ws[h].qp, P.Dk, nr, P.Dk,
-                               stored_at(&P.k, U[h].kbo + row_at(P, &P.k, t)), P.k.sr, x - t,
-                               (<floating *>U[h].s) + (t - t0), BLOCK_K)
+                stored_qk_rows_po(P.k.store, <floating *>ws[h].qp, P.Dk, nr, P.Dk,
+                                  stored_at(&P.k, U[h].kbo + row_at(P, &P.k, t)), P.k.sr, x - t,
+                                  (<floating *>U[h].s) + (t - t0), BLOCK_K, pfo)
             t = x
         for h in range(nh):
             row_tile_softmax(P, ws[h], &U[h], <floating *>NULL, t0, t1 - t0)
@@ -76,14 +79,16 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
         t = t0
         while t < t1:
             x = run_end(P, t, t1)
-            prefetch_run(P, &P.v, U[0].vbo, x, hi_all, P.Dv)
+            pfo = next_run_rows(P, &P.v, t, x, hi_all, P.Dv)
+            if pfo == FA_PF_AUTO:
+                prefetch_run(P, &P.v, U[0].vbo, x, hi_all, P.Dv)
             for h in range(nh):
                 x0 = max(t, t0 + a[h])
                 x1 = min(x, t0 + e[h])
                 if x0 < x1:
-                    stored_pv_rows(P.v.store, (<floating *>U[h].s) + (x0 - t0), BLOCK_K, nr,
-                                   stored_at(&P.v, U[h].vbo + row_at(P, &P.v, x0)), P.v.sr, 0, x1 - x0,
-                                   <floating *>ws[h].o, dvp, dvp // W)
+                    stored_pv_rows_po(P.v.store, (<floating *>U[h].s) + (x0 - t0), BLOCK_K, nr,
+                                      stored_at(&P.v, U[h].vbo + row_at(P, &P.v, x0)), P.v.sr, 0, x1 - x0,
+                                      <floating *>ws[h].o, dvp, dvp // W, pfo)
             t = x
         for h in range(nh):
             o = <floating *>ws[h].o

@@ -116,6 +116,12 @@ static inline void fa_stream_fence(void) {}
  * instead of per line: no gain (docs/performance.rst, "GQA decode: L2 hints") */
 #  define FA_PF_L2_BYTES 12288
 #endif
+/* The prefetch offset of the few-rows streams (fa_qk_rows, fa_pv_rows: pfo): FA_PF_AUTO
+ * requests the rows FA_PF_BYTES / FA_PF_L2_BYTES ahead of the ones read (rows
+ * that follow in memory); any other value pfo requests, with each row r read,
+ * row r + pfo (0: none).  A paged cache passes the distance from this block
+ * of rows to the next one of the block table (paged_heads.pxi). */
+#define FA_PF_AUTO INT64_MIN
 #ifndef FA_RESCALE_SLACK
 /* query-vectorised online softmax: the running reference max moves only when a
  * tile's max exceeds it by more than this, so probabilities stay <= e^4 ~ 55

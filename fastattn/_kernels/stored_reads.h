@@ -303,10 +303,12 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
 
 /* fa_qk_rows for nrow <= R rows (qp rows up to R readable; the padding rows'
  * scores are computed and dropped).  l2n (a constant; the storage types of
- * fa_pf_l2_few_s only): their hints go into L2, FA_PF_L2_BYTES ahead (fa_pf_l2). */
+ * fa_pf_l2_few_s only): their hints go into L2, FA_PF_L2_BYTES ahead (fa_pf_l2).
+ * pfo: the prefetch offset in rows where stream (FA_PF_AUTO: the distance
+ * below). */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t D, const FA_S *k, int64_t ksr,
-                     int64_t n, FA_T *s, int64_t lds, int stream, const int l2n)
+                     int64_t n, FA_T *s, int64_t lds, int stream, const int l2n, int64_t pfo)
 {
     const int G = FA_QK_PAIRS / R;
     const int64_t pfr = FA_SSFX(fa_pf_rows_s)(D);
@@ -324,7 +326,8 @@ FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_
     /* keymajor: L2 hints FA_PF_L2_BYTES ahead (docs/performance.rst, "GQA
      * decode: L2 hints"): GQA decode 2.12-2.58 -> 1.57-1.83 ms on 2 Zen 4 threads */
     const int l2 = FA_SSFX(fa_pf_l2_few_s)() && l2n;
-    const int64_t pf = !stream ? 0 : keymajor || l2 ? FA_SSFX(fa_pf_l2_rows_s)(D) : pfr > G ? pfr : G;
+    const int64_t pf = !stream ? 0 : pfo != FA_PF_AUTO ? pfo
+                     : keymajor || l2 ? FA_SSFX(fa_pf_l2_rows_s)(D) : pfr > G ? pfr : G;
     int64_t j = 0;
     for (; j + G <= n; j += G)
         FA_SSFX(fa_qk_pass)(qp, ldq, R, nrow, D, k + j * ksr, ksr, G, pf, s + j, lds, keymajor, l2);
@@ -336,26 +339,27 @@ FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_
  * padded to a power of two. */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_qk_rows_pad_l)(const FA_T *q, int64_t ldq, int rows, int64_t D, const FA_S *k, int64_t ksr, int64_t n,
-                         FA_T *s, int64_t lds, int stream, const int l2n)
+                         FA_T *s, int64_t lds, int stream, const int l2n, int64_t pfo)
 {
     if (rows <= 1)
-        FA_SSFX(fa_qk_rows_r)(q, ldq, 1, rows, D, k, ksr, n, s, lds, stream, l2n);
+        FA_SSFX(fa_qk_rows_r)(q, ldq, 1, rows, D, k, ksr, n, s, lds, stream, l2n, pfo);
     else if (rows <= 2 || FA_QKR_MAX < 4)
-        FA_SSFX(fa_qk_rows_r)(q, ldq, 2, rows, D, k, ksr, n, s, lds, stream, l2n);
+        FA_SSFX(fa_qk_rows_r)(q, ldq, 2, rows, D, k, ksr, n, s, lds, stream, l2n, pfo);
     else if (rows <= 4 || FA_QKR_MAX < 8)
-        FA_SSFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 4 ? 4 : 2, rows, D, k, ksr, n, s, lds, stream, l2n);
+        FA_SSFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 4 ? 4 : 2, rows, D, k, ksr, n, s, lds, stream, l2n, pfo);
     else
-        FA_SSFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 8 ? 8 : 2, rows, D, k, ksr, n, s, lds, stream, l2n);
+        FA_SSFX(fa_qk_rows_r)(q, ldq, FA_QKR_MAX >= 8 ? 8 : 2, rows, D, k, ksr, n, s, lds, stream, l2n, pfo);
 }
 
 /* ... l2n (narrow keys' hints into L2: fa_qk_rows_r) a constant of each branch */
 static inline void FA_SSFX(fa_qk_rows_pad)(const FA_T *q, int64_t ldq, int rows, int64_t D, const FA_S *k,
-                                          int64_t ksr, int64_t n, FA_T *s, int64_t lds, int stream, int l2n)
+                                          int64_t ksr, int64_t n, FA_T *s, int64_t lds, int stream, int l2n,
+                                          int64_t pfo)
 {
     if (FA_SSFX(fa_pf_l2_few_s)() && l2n)
-        FA_SSFX(fa_qk_rows_pad_l)(q, ldq, rows, D, k, ksr, n, s, lds, stream, 1);
+        FA_SSFX(fa_qk_rows_pad_l)(q, ldq, rows, D, k, ksr, n, s, lds, stream, 1, pfo);
     else
-        FA_SSFX(fa_qk_rows_pad_l)(q, ldq, rows, D, k, ksr, n, s, lds, stream, 0);
+        FA_SSFX(fa_qk_rows_pad_l)(q, ldq, rows, D, k, ksr, n, s, lds, stream, 0, pfo);
 }
 
 /* S[i][j] = qp[i] . k[j] for i < nr, j < n; key rows contiguous, ksr apart.
@@ -367,9 +371,9 @@ static inline void FA_SSFX(fa_qk_rows_pad)(const FA_T *q, int64_t ldq, int rows,
  * than the FMAs allow): 1.1-1.4x faster on 2-14 rows, paired, keys from memory
  * or from cache. */
 static inline void FA_SSFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, int64_t D,
-                                      const FA_S *k, int64_t ksr, int64_t n, FA_T *s, int64_t lds)
+                                      const FA_S *k, int64_t ksr, int64_t n, FA_T *s, int64_t lds, int64_t pfo)
 {
-    const int64_t pf = FA_SSFX(fa_pf_rows_s)(D);
+    const int64_t pf = pfo != FA_PF_AUTO ? pfo : FA_SSFX(fa_pf_rows_s)(D);
     if (nr == 1) {
         /* a unit of a single row: key by key, one sequential stream (the decode
          * cases, bound by memory: 5-7 % faster than fa_qk_pass's group order).
@@ -400,10 +404,10 @@ static inline void FA_SSFX(fa_qk_rows)(const FA_T *qp, int64_t ldq, int64_t nr, 
             /* a block of 4 and one of 1 or 2 (paired, 1.05-1.08x faster than one
              * block of 8 with 2-3 padding rows; splitting 3 rows as 2 + 1
              * measured 0.93x, 7 rows as 4 + 2 + 1 1.0x) */
-            FA_SSFX(fa_qk_rows_pad)(q, ldq, 4, D, k, ksr, n, si, lds, stream, l2n);
-            FA_SSFX(fa_qk_rows_pad)(q + 4 * ldq, ldq, rows - 4, D, k, ksr, n, si + 4 * lds, lds, 0, l2n);
+            FA_SSFX(fa_qk_rows_pad)(q, ldq, 4, D, k, ksr, n, si, lds, stream, l2n, pfo);
+            FA_SSFX(fa_qk_rows_pad)(q + 4 * ldq, ldq, rows - 4, D, k, ksr, n, si + 4 * lds, lds, 0, l2n, pfo);
         } else {
-            FA_SSFX(fa_qk_rows_pad)(q, ldq, rows, D, k, ksr, n, si, lds, stream, l2n);
+            FA_SSFX(fa_qk_rows_pad)(q, ldq, rows, D, k, ksr, n, si, lds, stream, l2n, pfo);
         }
     }
 }
@@ -435,9 +439,9 @@ FA_SSFX(fa_pv1_axpy)(FA_V *a, FA_V w, const FA_S *vr, const int NB)
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1, FA_T *o,
                        const int NB, int prefetch, const FA_T *qp, int64_t D, const FA_S *kn, int64_t ksr,
-                       int64_t nk, FA_T *sn, const int l2)
+                       int64_t nk, FA_T *sn, const int l2, int64_t pfo)
 {
-    const int64_t pfv = FA_SSFX(fa_pf_rows_s)(NB * FA_W), pfk = FA_SSFX(fa_pf_rows_s)(D);
+    const int64_t pfv = pfo != FA_PF_AUTO ? pfo : FA_SSFX(fa_pf_rows_s)(NB * FA_W), pfk = FA_SSFX(fa_pf_rows_s)(D);
     const int64_t nv = k1 > k0 ? k1 - k0 : 0, both = nk < nv ? nk : nv;
     FA_V a[FA_ROW_NB];
     FA_UNROLL for (int u = 0; u < NB; u++) a[u] = FA_SFX(fa_set1)(0);
@@ -473,22 +477,22 @@ FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, 
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_pv_qk_row1_l)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1, FA_T *o, int64_t nvec,
                         int prefetch, const FA_T *qp, int64_t D, const FA_S *kn, int64_t ksr, int64_t nk, FA_T *sn,
-                        const int l2)
+                        const int l2, int64_t pfo)
 {
     int64_t c = 0;
 #if FA_ROW_NB > 8
     for (; c + FA_ROW_NB <= nvec; c += FA_ROW_NB, nk = 0)
         FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, FA_ROW_NB, prefetch, qp, D, kn, ksr,
-                                nk, sn, l2);
+                                nk, sn, l2, pfo);
 #endif
     for (; c + 8 <= nvec; c += 8, nk = 0)
-        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, prefetch, qp, D, kn, ksr, nk, sn, l2);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, prefetch, qp, D, kn, ksr, nk, sn, l2, pfo);
     for (; c + 4 <= nvec; c += 4, nk = 0)
-        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, prefetch, qp, D, kn, ksr, nk, sn, l2);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, prefetch, qp, D, kn, ksr, nk, sn, l2, pfo);
     for (; c < nvec; c++, nk = 0)
-        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 1, 0, qp, D, kn, ksr, nk, sn, l2);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 1, 0, qp, D, kn, ksr, nk, sn, l2, pfo);
     if (nk)     /* no value columns at all: the scores alone */
-        FA_SSFX(fa_pv1_qk_pass)(p, vv, ldv, 0, 0, o, 0, 0, qp, D, kn, ksr, nk, sn, l2);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv, ldv, 0, 0, o, 0, 0, qp, D, kn, ksr, nk, sn, l2, FA_PF_AUTO);
 }
 
 /* ... with the hint level (fa_pf_l2) a constant of each instantiation */
@@ -497,16 +501,20 @@ static inline void FA_SSFX(fa_pv_qk_row1)(const FA_T *p, const FA_S *vv, int64_t
                                          const FA_S *kn, int64_t ksr, int64_t nk, FA_T *sn)
 {
     if (fa_pf_l2)
-        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, qp, D, kn, ksr, nk, sn, 1);
+        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, qp, D, kn, ksr, nk, sn, 1, FA_PF_AUTO);
     else
-        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, qp, D, kn, ksr, nk, sn, 0);
+        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, qp, D, kn, ksr, nk, sn, 0, FA_PF_AUTO);
 }
 
-/* fa_pv_qk_row1 without the next tile's scores. */
+/* fa_pv_qk_row1 without the next tile's scores; pfo: the value rows' prefetch offset
+ * (FA_PF_AUTO: FA_PF_BYTES ahead) */
 static inline void FA_SSFX(fa_pv_row1)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1,
-                                      FA_T *o, int64_t nvec, int prefetch)
+                                      FA_T *o, int64_t nvec, int prefetch, int64_t pfo)
 {
-    FA_SSFX(fa_pv_qk_row1)(p, vv, ldv, k0, k1, o, nvec, prefetch, NULL, 0, NULL, 0, 0, NULL);
+    if (fa_pf_l2)
+        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, NULL, 0, NULL, 0, 0, NULL, 1, pfo);
+    else
+        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, NULL, 0, NULL, 0, 0, NULL, 0, pfo);
 }
 
 /* O[i][0:nvec*W] += sum_{k in [k0,k1)} P[i][k] * V[k][0:nvec*W] for i < nr, V rows
@@ -514,17 +522,19 @@ static inline void FA_SSFX(fa_pv_row1)(const FA_T *p, const FA_S *vv, int64_t ld
  * micro-kernel, so each value vector is loaded once per block of rows, not once
  * per row (its accumulation order per element is the packed path's); a last
  * single row through fa_pv_row1.  The first pass over the keys streams the
- * values from memory and requests whole rows ahead. */
+ * values from memory and requests whole rows ahead (pfo rows on where not
+ * FA_PF_AUTO). */
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_pv_rows_l)(const FA_T *p, int64_t ldp, int64_t nr, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1,
-                     FA_T *o, int64_t ldo, int64_t nvec, const int l2n)
+                     FA_T *o, int64_t ldo, int64_t nvec, const int l2n, int64_t pfo)
 {
     /* the first block of rows streams the value rows and requests them ahead:
      * into L1 where the storage type's rows are hinted, else (float32 / float64
      * on AMD) into L2, FA_PF_L2_BYTES ahead; the rows of fa_pf_l2_few_s into
      * L2 where l2n (a constant: fa_pf_l2) */
     const int l2 = FA_SSFX(fa_pf_hinted_s)() ? l2n : 1;
-    const int64_t pf = l2 ? FA_SSFX(fa_pf_l2_rows_s)(nvec * FA_W) : FA_SSFX(fa_pf_rows_s)(nvec * FA_W);
+    const int64_t pf = pfo != FA_PF_AUTO ? pfo
+                     : l2 ? FA_SSFX(fa_pf_l2_rows_s)(nvec * FA_W) : FA_SSFX(fa_pf_rows_s)(nvec * FA_W);
     int64_t i0 = 0;
     while (nr - i0 >= 2) {
         const int mr = nr - i0 < FA_PV_MR ? (int)(nr - i0) : FA_PV_MR;
@@ -572,16 +582,16 @@ FA_SSFX(fa_pv_rows_l)(const FA_T *p, int64_t ldp, int64_t nr, const FA_S *vv, in
         i0 += mr;
     }
     for (; i0 < nr; i0++)
-        FA_SSFX(fa_pv_row1)(p + i0 * ldp, vv, ldv, k0, k1, o + i0 * ldo, nvec, i0 == 0);
+        FA_SSFX(fa_pv_row1)(p + i0 * ldp, vv, ldv, k0, k1, o + i0 * ldo, nvec, i0 == 0, pfo);
 }
 
 static inline void FA_SSFX(fa_pv_rows)(const FA_T *p, int64_t ldp, int64_t nr, const FA_S *vv, int64_t ldv,
-                                      int64_t k0, int64_t k1, FA_T *o, int64_t ldo, int64_t nvec)
+                                      int64_t k0, int64_t k1, FA_T *o, int64_t ldo, int64_t nvec, int64_t pfo)
 {
     if (FA_SSFX(fa_pf_l2_few_s)() && fa_pf_l2)
-        FA_SSFX(fa_pv_rows_l)(p, ldp, nr, vv, ldv, k0, k1, o, ldo, nvec, 1);
+        FA_SSFX(fa_pv_rows_l)(p, ldp, nr, vv, ldv, k0, k1, o, ldo, nvec, 1, pfo);
     else
-        FA_SSFX(fa_pv_rows_l)(p, ldp, nr, vv, ldv, k0, k1, o, ldo, nvec, 0);
+        FA_SSFX(fa_pv_rows_l)(p, ldp, nr, vv, ldv, k0, k1, o, ldo, nvec, 0, pfo);
 }
 
 /* St[j][i] += B_i[j] for lanes i < ni and keys j in [j0, j1) of the

@@ -168,39 +168,53 @@ cdef inline double stored_value(int store, const char *p, int64_t i) noexcept no
 cdef inline void stored_qk_rows(int store, const floating *qp, int64_t ldq, int64_t nr, int64_t D,
                                 const char *k, int64_t ksr, int64_t n, floating *s, int64_t lds) noexcept nogil:
     """S[i][j] = qp[i] . k[j] for nr packed query rows and n stored key rows (ksr apart)."""
+    stored_qk_rows_po(store, qp, ldq, nr, D, k, ksr, n, s, lds, FA_PF_AUTO)
+
+
+cdef inline void stored_qk_rows_po(int store, const floating *qp, int64_t ldq, int64_t nr, int64_t D,
+                                   const char *k, int64_t ksr, int64_t n, floating *s, int64_t lds,
+                                   int64_t pfo) noexcept nogil:
+    """stored_qk_rows, the key rows requested pfo rows on (FA_PF_AUTO: the kernel's distance)."""
     if floating is double:
-        fa_qk_rows_d(qp, ldq, nr, D, <const double *>k, ksr, n, s, lds)
+        fa_qk_rows_d(qp, ldq, nr, D, <const double *>k, ksr, n, s, lds, pfo)
     elif store == STORE_F32:
-        fa_qk_rows_f(qp, ldq, nr, D, <const float *>k, ksr, n, s, lds)
+        fa_qk_rows_f(qp, ldq, nr, D, <const float *>k, ksr, n, s, lds, pfo)
     elif store == STORE_F16:
-        fa_qk_rows_fh(qp, ldq, nr, D, <const uint16_t *>k, ksr, n, s, lds)
+        fa_qk_rows_fh(qp, ldq, nr, D, <const uint16_t *>k, ksr, n, s, lds, pfo)
     elif store == STORE_BF16:
-        fa_qk_rows_fb(qp, ldq, nr, D, <const uint16_t *>k, ksr, n, s, lds)
+        fa_qk_rows_fb(qp, ldq, nr, D, <const uint16_t *>k, ksr, n, s, lds, pfo)
     elif store == STORE_F8E4:
-        fa_qk_rows_fe4(qp, ldq, nr, D, <const uint8_t *>k, ksr, n, s, lds)
+        fa_qk_rows_fe4(qp, ldq, nr, D, <const uint8_t *>k, ksr, n, s, lds, pfo)
     elif store == STORE_F8E5:
-        fa_qk_rows_fe5(qp, ldq, nr, D, <const uint8_t *>k, ksr, n, s, lds)
+        fa_qk_rows_fe5(qp, ldq, nr, D, <const uint8_t *>k, ksr, n, s, lds, pfo)
     else:
-        fa_qk_rows_fi8(qp, ldq, nr, D, <const int8_t *>k, ksr, n, s, lds)
+        fa_qk_rows_fi8(qp, ldq, nr, D, <const int8_t *>k, ksr, n, s, lds, pfo)
 
 
 cdef inline void stored_pv_rows(int store, const floating *p, int64_t ldp, int64_t nr, const char *v, int64_t ldv,
                                 int64_t k0, int64_t k1, floating *o, int64_t ldo, int64_t nvec) noexcept nogil:
     """O[i] += sum_k P[i][k] V[k] for nr rows over stored value rows (ldv apart)."""
+    stored_pv_rows_po(store, p, ldp, nr, v, ldv, k0, k1, o, ldo, nvec, FA_PF_AUTO)
+
+
+cdef inline void stored_pv_rows_po(int store, const floating *p, int64_t ldp, int64_t nr, const char *v,
+                                   int64_t ldv, int64_t k0, int64_t k1, floating *o, int64_t ldo, int64_t nvec,
+                                   int64_t pfo) noexcept nogil:
+    """stored_pv_rows, the value rows requested pfo rows on (FA_PF_AUTO: the kernel's distance)."""
     if floating is double:
-        fa_pv_rows_d(p, ldp, nr, <const double *>v, ldv, k0, k1, o, ldo, nvec)
+        fa_pv_rows_d(p, ldp, nr, <const double *>v, ldv, k0, k1, o, ldo, nvec, pfo)
     elif store == STORE_F32:
-        fa_pv_rows_f(p, ldp, nr, <const float *>v, ldv, k0, k1, o, ldo, nvec)
+        fa_pv_rows_f(p, ldp, nr, <const float *>v, ldv, k0, k1, o, ldo, nvec, pfo)
     elif store == STORE_F16:
-        fa_pv_rows_fh(p, ldp, nr, <const uint16_t *>v, ldv, k0, k1, o, ldo, nvec)
+        fa_pv_rows_fh(p, ldp, nr, <const uint16_t *>v, ldv, k0, k1, o, ldo, nvec, pfo)
     elif store == STORE_BF16:
-        fa_pv_rows_fb(p, ldp, nr, <const uint16_t *>v, ldv, k0, k1, o, ldo, nvec)
+        fa_pv_rows_fb(p, ldp, nr, <const uint16_t *>v, ldv, k0, k1, o, ldo, nvec, pfo)
     elif store == STORE_F8E4:
-        fa_pv_rows_fe4(p, ldp, nr, <const uint8_t *>v, ldv, k0, k1, o, ldo, nvec)
+        fa_pv_rows_fe4(p, ldp, nr, <const uint8_t *>v, ldv, k0, k1, o, ldo, nvec, pfo)
     elif store == STORE_F8E5:
-        fa_pv_rows_fe5(p, ldp, nr, <const uint8_t *>v, ldv, k0, k1, o, ldo, nvec)
+        fa_pv_rows_fe5(p, ldp, nr, <const uint8_t *>v, ldv, k0, k1, o, ldo, nvec, pfo)
     else:
-        fa_pv_rows_fi8(p, ldp, nr, <const int8_t *>v, ldv, k0, k1, o, ldo, nvec)
+        fa_pv_rows_fi8(p, ldp, nr, <const int8_t *>v, ldv, k0, k1, o, ldo, nvec, pfo)
 
 
 cdef inline void stored_pv_qk_row1(int store, const floating *p, const char *v, int64_t ldv, int64_t k0, int64_t k1,
