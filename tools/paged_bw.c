@@ -108,7 +108,8 @@ static double run(const float *K, const float *V, const float *Kc, const float *
                                 const float *pp;
                                 if (order == 1) pp = b + (long)(j + PFR) * D;
                                 else if (order == 3) pp = nb ? nb + (long)j * D : NULL;
-                                else pp = j + PFR < H * BS ? b + (long)(j + PFR) * D : nb ? nb + (long)(j + PFR - H * BS) * D : NULL;
+                                else if (j + PFR < H * BS) pp = b + (long)(j + PFR) * D;
+                                else pp = nb ? nb + (long)(j + PFR - H * BS) * D : NULL;
                                 row_at(b + (long)j * D, pp, a, pf);
                             }
                         }

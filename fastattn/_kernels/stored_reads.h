@@ -486,9 +486,11 @@ FA_SSFX(fa_pv_qk_row1_l)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0,
                                 nk, sn, l2, pfo);
 #endif
     for (; c + 8 <= nvec; c += 8, nk = 0)
-        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, prefetch, qp, D, kn, ksr, nk, sn, l2, pfo);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, prefetch, qp, D, kn, ksr, nk, sn, l2,
+                                pfo);
     for (; c + 4 <= nvec; c += 4, nk = 0)
-        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, prefetch, qp, D, kn, ksr, nk, sn, l2, pfo);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, prefetch, qp, D, kn, ksr, nk, sn, l2,
+                                pfo);
     for (; c < nvec; c++, nk = 0)
         FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 1, 0, qp, D, kn, ksr, nk, sn, l2, pfo);
     if (nk)     /* no value columns at all: the scores alone */
