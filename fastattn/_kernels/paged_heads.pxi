@@ -59,9 +59,7 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
         t = t0
         while t < t1:
             x = run_end(P, t, t1)
-            pfo = next_run_rows(P, &P.k, t, x, hi_all, P.Dk)
-            if pfo == FA_PF_AUTO:
-                prefetch_run(P, &P.k, U[0].kbo, x, hi_all, P.Dk)
+            pfo = run_pfo(P, &P.k, U[0].kbo, t, x, hi_all, P.Dk)
             for h in range(nh):
                 stored_qk_rows_po(P.k.store, <floating *>ws[h].qp, P.Dk, nr, P.Dk,
                                   stored_at(&P.k, U[h].kbo + row_at(P, &P.k, t)), P.k.sr, x - t,
@@ -79,9 +77,7 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
         t = t0
         while t < t1:
             x = run_end(P, t, t1)
-            pfo = next_run_rows(P, &P.v, t, x, hi_all, P.Dv)
-            if pfo == FA_PF_AUTO:
-                prefetch_run(P, &P.v, U[0].vbo, x, hi_all, P.Dv)
+            pfo = run_pfo(P, &P.v, U[0].vbo, t, x, hi_all, P.Dv)
             for h in range(nh):
                 x0 = max(t, t0 + a[h])
                 x1 = min(x, t0 + e[h])

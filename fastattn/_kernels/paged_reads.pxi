@@ -63,6 +63,18 @@ cdef inline int64_t next_run_rows(const Plan *P, const Operand *op, int64_t t, i
     return d // op.sr
 
 
+cdef inline int64_t run_pfo(const Plan *P, const Operand *op, int64_t bo, int64_t t, int64_t x, int64_t lim,
+                            int64_t D) noexcept nogil:
+    """The prefetch offset of the run of rows [t, x) (next_run_rows); where
+    that is the readers' own distance (FA_PF_AUTO), the next run's first rows
+    are requested here (prefetch_run) -- its block lies out of that distance's
+    reach.  Every paged reader that takes an offset gets it from here."""
+    cdef int64_t pfo = next_run_rows(P, op, t, x, lim, D)
+    if pfo == FA_PF_AUTO:
+        prefetch_run(P, op, bo, x, lim, D)
+    return pfo
+
+
 cdef void paged_qk_rows(const Plan *P, const floating *qp, int64_t nr, int64_t kbo, int64_t t0, int64_t n,
                         int64_t lim, floating *s) noexcept nogil:
     """Scores of nr packed query rows against keys t0..t0+n-1 read in place (s
@@ -72,9 +84,7 @@ cdef void paged_qk_rows(const Plan *P, const floating *qp, int64_t nr, int64_t k
     cdef int64_t pfo
     while t < t0 + n:
         e = run_end(P, t, t0 + n)
-        pfo = next_run_rows(P, &P.k, t, e, lim, P.Dk)
-        if pfo == FA_PF_AUTO:
-            prefetch_run(P, &P.k, kbo, e, lim, P.Dk)
+        pfo = run_pfo(P, &P.k, kbo, t, e, lim, P.Dk)
         stored_qk_rows_po(P.k.store, qp, P.Dk, nr, P.Dk, stored_at(&P.k, kbo + row_at(P, &P.k, t)), P.k.sr, e - t,
                           s + (t - t0), BLOCK_K, pfo)
         t = e
@@ -96,12 +106,13 @@ cdef void paged_pv_qk(const Plan *P, int64_t kbo, int64_t vbo, const floating *p
     while tv < t0 + e or tk < t1 + nn:
         xv = run_end(P, tv, t0 + e) if tv < t0 + e else tv
         xk = run_end(P, tk, t1 + nn) if tk < t1 + nn else tk
-        prefetch_run(P, &P.v, vbo, xv, lim, P.Dv)
         vrow = stored_at(&P.v, vbo + (row_at(P, &P.v, tv) if xv > tv else 0))
         if nn == 0:
             stored_pv_rows_po(P.v.store, p + (tv - t0), BLOCK_K, nr, vrow, P.v.sr, 0, xv - tv, o, dvp, dvp // W,
-                              next_run_rows(P, &P.v, tv, xv, lim, P.Dv))
+                              run_pfo(P, &P.v, vbo, tv, xv, lim, P.Dv))
         else:
+            # the fused readers take no offset: the next runs' first rows are requested here
+            prefetch_run(P, &P.v, vbo, xv, lim, P.Dv)
             prefetch_run(P, &P.k, kbo, xk, lim, P.Dk)
             krow = stored_at(&P.k, kbo + (row_at(P, &P.k, tk) if xk > tk else 0))
             if nr == 1:
