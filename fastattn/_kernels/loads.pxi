@@ -14,6 +14,23 @@ cdef inline double key_scale_at(const Plan *P, const Operand *s, int64_t off, in
     return (<const float *>s.base)[off + row_at(P, s, t)]
 
 
+cdef inline void scale_by_keys(const Plan *P, const Operand *s, int64_t off, floating *srow, int64_t t0, int64_t a,
+                               int64_t e) noexcept nogil:
+    """srow[j] *= the per-key scale of key t0 + j (key_scale_at), for j in [a, e):
+    one row_at per run of slots -- a paged cache's block -- not one per key (its
+    division and table read, per key and query row, took a quarter of a paged
+    int8 decode)."""
+    cdef const float *sp = <const float *>s.base
+    cdef int64_t t = t0 + a, x, j, sr = s.sr
+    cdef const float *r
+    while t < t0 + e:
+        x = run_end(P, t, t0 + e)
+        r = sp + off + row_at(P, s, t)
+        for j in range(x - t):
+            srow[t - t0 + j] *= <floating>r[j * sr]
+        t = x
+
+
 cdef void pack_q(const Plan *P, Workspace *ws, const char *qbase, int64_t b, int64_t nr,
                  int64_t pad, floating dummy) noexcept nogil:
     """Qp[i, :] = scale * q[row i, :] (times the per-channel k_scale of int8 keys),

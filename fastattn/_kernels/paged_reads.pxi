@@ -36,6 +36,23 @@ cdef inline void prefetch_run(const Plan *P, const Operand *op, int64_t bo, int6
         fa_prefetch_bytes(p + r * op.sr * op.item, D * op.item)
 
 
+cdef inline void prefetch_key_scales(const Plan *P, const Operand *s, int64_t off, int64_t t, int64_t x) noexcept nogil:
+    """Request the per-key scales (int8 caches) of keys [t, x), run by run: a
+    paged cache's scales lie a block's line here and there, out of the hardware
+    prefetcher's reach."""
+    cdef const char *p
+    cdef int64_t j, e
+    while t < x:
+        e = run_end(P, t, x)
+        p = <const char *>((<const float *>s.base) + off + row_at(P, s, t))
+        if s.sr == 1:
+            fa_prefetch_bytes(p, (e - t) * 4)
+        else:
+            for j in range(e - t):
+                fa_prefetch_bytes(p + j * s.sr * 4, 4)
+        t = e
+
+
 cdef enum:
     NEXT_RUN_MAX_BYTES = 16384   # a block's run of one head's rows up to this size: next_run_rows
 

@@ -258,8 +258,7 @@ cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, float
         if P.kscale == SCALE_PER_KEY:
             # int8 keys: q . (k_j * s_j) = (q . k_j) * s_j
             soff = batch_offset(P, &P.ks, U.b) + ws.goff[i] * P.ks.sg
-            for j in range(a, e):
-                srow[j] *= <floating>key_scale_at(P, &P.ks, soff, t0 + j)
+            scale_by_keys(P, &P.ks, soff, srow, t0, a, e)
         if U.needs_options:
             grp = ws.goff[i]
             pos = U.r0 + i - grp * P.Lq
@@ -300,8 +299,7 @@ cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, float
         if P.vscale == SCALE_PER_KEY and U.need_pv:
             # int8 values: sum_j p_j (v_j * s_j) = sum_j (p_j * s_j) v_j (after the row sum)
             soff = batch_offset(P, &P.vs, U.b) + ws.goff[i] * P.vs.sg
-            for j in range(a, e):
-                srow[j] *= <floating>key_scale_at(P, &P.vs, soff, t0 + j)
+            scale_by_keys(P, &P.vs, soff, srow, t0, a, e)
         for j in range(a):
             srow[j] = 0
         for j in range(e, n):
