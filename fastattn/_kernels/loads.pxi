@@ -9,6 +9,13 @@ cdef inline double scale_at(const Operand *s, int64_t off, int64_t j, int64_t c)
     return (<const float *>s.base)[off + j * s.sr + c * s.sc]
 
 
+cdef inline int64_t key_scale_offset(const Plan *P, const Operand *s, int64_t b, int64_t g) noexcept nogil:
+    """Offset of the k_scale / v_scale of key / value head b, query group g (a
+    query row's group under GQA): what scale_at, key_scale_at and scale_by_keys
+    address from."""
+    return batch_offset(P, s, b) + g * s.sg
+
+
 cdef inline double key_scale_at(const Plan *P, const Operand *s, int64_t off, int64_t t) noexcept nogil:
     """A per-key k_scale / v_scale of key t (paged like its cache: row_at)."""
     return (<const float *>s.base)[off + row_at(P, s, t)]
@@ -48,7 +55,7 @@ cdef void pack_q(const Plan *P, Workspace *ws, const char *qbase, int64_t b, int
                 qp[i * Dk + d] = <floating>stored_value(P.q.store, src, d * sc) * scale
         if P.kscale == SCALE_PER_CHANNEL:
             # q . (k * s) = (q * s) . k: the channel scales once per query row
-            koff = batch_offset(P, &P.ks, b) + ws.goff[i] * P.ks.sg
+            koff = key_scale_offset(P, &P.ks, b, ws.goff[i])
             for d in range(Dk):
                 qp[i * Dk + d] *= <floating>scale_at(&P.ks, koff, 0, d)
     for i in range(nr * Dk, pad * Dk):

@@ -40,6 +40,7 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
     cdef int64_t h, i, t0, t1, t, x, x0, x1, dvp, lo_all, hi_all, pfo
     cdef int64_t ksoff[HEADS_LOCKSTEP]
     cdef int64_t vsoff[HEADS_LOCKSTEP]
+    cdef bint per_key, scales_ahead
     cdef floating *o
     cdef floating *vp
     for h in range(nh):
@@ -53,19 +54,16 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
         row_unit_begin(P, ws[h], &U[h], <floating *>NULL)
     for h in range(nh):
         # the per-key scales of head h's keys (a unit's rows share its key / value head)
-        if P.kscale == SCALE_PER_KEY:
-            ksoff[h] = batch_offset(P, &P.ks, U[h].b) + ws[h].goff[0] * P.ks.sg
-        if P.vscale == SCALE_PER_KEY:
-            vsoff[h] = batch_offset(P, &P.vs, U[h].b) + ws[h].goff[0] * P.vs.sg
+        ksoff[h] = key_scale_offset(P, &P.ks, U[h].b, ws[h].goff[0]) if P.kscale == SCALE_PER_KEY else 0
+        vsoff[h] = key_scale_offset(P, &P.vs, U[h].b, ws[h].goff[0]) if P.vscale == SCALE_PER_KEY else 0
+    per_key = P.kscale == SCALE_PER_KEY or P.vscale == SCALE_PER_KEY
     # every head of a sequence sees the same keys (the same rows, no mask)
     lo_all = U[0].lo_all
     hi_all = U[0].hi_all
     dvp = U[0].dvp
-    for h in range(nh):
-        if P.kscale == SCALE_PER_KEY:
-            prefetch_key_scales(P, &P.ks, ksoff[h], lo_all, min(lo_all + BLOCK_K, hi_all))
-        if P.vscale == SCALE_PER_KEY:
-            prefetch_key_scales(P, &P.vs, vsoff[h], lo_all, min(lo_all + BLOCK_K, hi_all))
+    if per_key:
+        for h in range(nh):
+            prefetch_head_scales(P, ksoff[h], vsoff[h], lo_all, min(lo_all + BLOCK_K, hi_all))
     t0 = lo_all
     while t0 < hi_all:
         t1 = min(t0 + BLOCK_K, hi_all)
@@ -73,12 +71,11 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
         while t < t1:
             x = run_end(P, t, t1)
             pfo = run_pfo(P, &P.k, U[0].kbo, t, x, hi_all, P.Dk)
+            # the scales the online softmax reads a tile on
+            scales_ahead = per_key and t + BLOCK_K < hi_all
             for h in range(nh):
-                # the scales the online softmax reads a tile on
-                if P.kscale == SCALE_PER_KEY and t + BLOCK_K < hi_all:
-                    prefetch_key_scales(P, &P.ks, ksoff[h], t + BLOCK_K, min(x + BLOCK_K, hi_all))
-                if P.vscale == SCALE_PER_KEY and t + BLOCK_K < hi_all:
-                    prefetch_key_scales(P, &P.vs, vsoff[h], t + BLOCK_K, min(x + BLOCK_K, hi_all))
+                if scales_ahead:
+                    prefetch_head_scales(P, ksoff[h], vsoff[h], t + BLOCK_K, min(x + BLOCK_K, hi_all))
                 stored_qk_rows_po(P.k.store, <floating *>ws[h].qp, P.Dk, nr, P.Dk,
                                   stored_at(&P.k, U[h].kbo + row_at(P, &P.k, t)), P.k.sr, x - t,
                                   (<floating *>U[h].s) + (t - t0), BLOCK_K, pfo)

@@ -53,6 +53,15 @@ cdef inline void prefetch_key_scales(const Plan *P, const Operand *s, int64_t of
         t = e
 
 
+cdef inline void prefetch_head_scales(const Plan *P, int64_t ksoff, int64_t vsoff, int64_t t, int64_t x) noexcept nogil:
+    """Request one head's per-key k_scale and v_scale (whichever are per key) of
+    keys [t, x): ksoff / vsoff from key_scale_offset."""
+    if P.kscale == SCALE_PER_KEY:
+        prefetch_key_scales(P, &P.ks, ksoff, t, x)
+    if P.vscale == SCALE_PER_KEY:
+        prefetch_key_scales(P, &P.vs, vsoff, t, x)
+
+
 cdef enum:
     NEXT_RUN_MAX_BYTES = 16384   # a block's run of one head's rows up to this size: next_run_rows
 

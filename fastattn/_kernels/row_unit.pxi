@@ -257,7 +257,7 @@ cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, float
             continue
         if P.kscale == SCALE_PER_KEY:
             # int8 keys: q . (k_j * s_j) = (q . k_j) * s_j
-            soff = batch_offset(P, &P.ks, U.b) + ws.goff[i] * P.ks.sg
+            soff = key_scale_offset(P, &P.ks, U.b, ws.goff[i])
             scale_by_keys(P, &P.ks, soff, srow, t0, a, e)
         if U.needs_options:
             grp = ws.goff[i]
@@ -298,7 +298,7 @@ cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, float
                 row_scale(o + i * U.dvp, o + i * U.dvp, P.Dv, alpha)
         if P.vscale == SCALE_PER_KEY and U.need_pv:
             # int8 values: sum_j p_j (v_j * s_j) = sum_j (p_j * s_j) v_j (after the row sum)
-            soff = batch_offset(P, &P.vs, U.b) + ws.goff[i] * P.vs.sg
+            soff = key_scale_offset(P, &P.vs, U.b, ws.goff[i])
             scale_by_keys(P, &P.vs, soff, srow, t0, a, e)
         for j in range(a):
             srow[j] = 0
@@ -391,7 +391,7 @@ cdef void row_unit_finish(const Plan *P, const Workspace *ws, const RowUnit *U, 
             continue
         if P.vscale == SCALE_PER_CHANNEL:
             # int8 values: sum_j p_j v_jc s_c = s_c sum_j p_j v_jc
-            soff = batch_offset(P, &P.vs, U.b) + grp * P.vs.sg
+            soff = key_scale_offset(P, &P.vs, U.b, grp)
             for c in range(Dv):
                 o[i * dvp + c] *= <floating>scale_at(&P.vs, soff, 0, c)
         if U.mode == MODE_PARTIAL:
