@@ -142,7 +142,8 @@ def backward_case(rng):
 def serving_case(rng):
     """attention_varlen or attention_paged on a few packed sequences."""
     S, Hkv, g, D = int(rng.integers(1, 5)), int(rng.integers(1, 3)), int(rng.choice([1, 4])), int(rng.choice([32, 64]))
-    lq = rng.integers(1, 140, size=S)
+    # a third decodes (one query row per sequence: the paged lockstep over the K/V heads)
+    lq = rng.integers(1, 140, size=S) if rng.random() < 0.67 else np.ones(S, np.int64)
     lk = lq + rng.integers(0, 300, size=S)
     cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
     q = rng.standard_normal((int(cu_q[-1]), Hkv * g, D)).astype(np.float32).transpose(1, 0, 2)   # (H, total, D)
@@ -168,8 +169,17 @@ def serving_case(rng):
         o += n
     kc = rng.standard_normal((sum(nblk), Hkv, bs, D)).astype(np.float32)
     vc = rng.standard_normal((sum(nblk), Hkv, bs, D)).astype(np.float32)
-    if rng.random() < 0.3:
+    r = rng.random()
+    if r < 0.3:
         kc, vc = kc.astype(np.float16), vc.astype(np.float16)
+    elif r < 0.6:
+        # int8 caches, each with per-key (per slot) or per-tensor scales
+        for name in ("k_scale", "v_scale"):
+            per_key = rng.random() < 0.7
+            kw[name] = np.asarray((rng.random(kc.shape[:3] + (1,)) if per_key else rng.random()) * 0.05 + 0.01,
+                                  np.float32)
+        kc = np.clip(np.round(kc * 40), -127, 127).astype(np.int8)
+        vc = np.clip(np.round(vc * 40), -127, 127).astype(np.int8)
     return lambda M: M.attention_paged(q, kc, vc, table, lk.astype(np.int32), cu_seqlens_q=cu_q, **kw)
 
 
