@@ -65,7 +65,7 @@ else
     "$TOOLS/python" -m pip install -q build
 fi
 if [[ "${NO_ISOLATION:-0}" == 1 ]]; then
-    "$TOOLS/python" -m pip install -q "setuptools>=69" "Cython>=3.1" "numpy>=2" wheel
+    "$TOOLS/python" -m pip install -q "setuptools>=77" "Cython>=3.1" "numpy>=2" wheel
     BUILD_FLAGS=(--no-isolation)
 else
     BUILD_FLAGS=()
@@ -93,7 +93,8 @@ else
     cp -a "$ROOT/." "$SRC/"
     rm -rf "$SRC"/{build,dist,wheelhouse} "$SRC"/*.egg-info
 fi
-"$TOOLS/python" -m build ${BUILD_FLAGS[@]+"${BUILD_FLAGS[@]}"} --sdist --outdir "$WORK/dist" "$SRC"
+"$TOOLS/python" -m build ${BUILD_FLAGS[@]+"${BUILD_FLAGS[@]}"} --sdist --outdir "$WORK/dist" "$SRC" 2>&1 \
+    | tee "$WORK/sdist-build.log"
 SDIST="$(ls "$WORK"/dist/*.tar.gz)"
 echo "sdist: $(basename "$SDIST") ($(du -h "$SDIST" | cut -f1))"
 
@@ -120,9 +121,27 @@ tar -xzf "$SDIST" -C "$WORK/sdist-src"
 # Release wheels carry no debug info (Python's sysconfig CFLAGS has -g: ~4x larger
 # .so files); a later -g0 wins.  Same setting as [tool.cibuildwheel] environment.
 CFLAGS="${CFLAGS:-} -g0" "$TOOLS/python" -m build ${BUILD_FLAGS[@]+"${BUILD_FLAGS[@]}"} --wheel --outdir "$WORK/dist" \
-    "$WORK/sdist-src/$(basename "$SDIST" .tar.gz)"
+    "$WORK/sdist-src/$(basename "$SDIST" .tar.gz)" 2>&1 | tee "$WORK/wheel-build.log"
 WHEEL="$(ls "$WORK"/dist/*.whl)"
 echo "wheel: $(basename "$WHEEL") ($(du -h "$WHEEL" | cut -f1))"
+
+step "wheel metadata: the license (PEP 639), no setuptools deprecation"
+# setuptools refuses the deprecated forms of the metadata after their deadline (the
+# TOML-table license: 2027-02-18): a warning today is a failed install later
+# (python -m build prints a SetuptoolsDeprecationWarning as "WARNING <message>" and its
+# deadline as "By <date>, you need to update your project ...")
+if grep -n -E "SetuptoolsDeprecationWarning|you need to update your project" \
+        "$WORK/sdist-build.log" "$WORK/wheel-build.log"; then
+    die "the sdist / wheel build warns of deprecated setuptools configuration (above): mend pyproject.toml"
+fi
+"$TOOLS/python" - "$WHEEL" <<'PYEOF' || die "wheel metadata: license expression or file missing"
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+meta = zipfile.ZipFile(sys.argv[1]).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+assert "License-Expression: BSD-3-Clause" in meta.splitlines(), "no License-Expression: BSD-3-Clause"
+assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "no .dist-info/licenses/LICENSE"
+print("License-Expression: BSD-3-Clause; LICENSE in .dist-info/licenses")
+PYEOF
 
 # --------------------------------------------------------------------------- repair
 mkdir -p "$WORK/repaired"
