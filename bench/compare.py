@@ -279,6 +279,19 @@ def _paired_ratio(num_runs, den_runs):
     return H._median(ratios) if ratios else None
 
 
+READ_SPREAD_WARN = 1.25
+
+
+def read_ceiling_spread(readings):
+    """{bytes: (lowest, highest) GB/s} of the read ceiling over the run's readings,
+    for each size read more than once."""
+    seen = {}
+    for r in readings:
+        for n, gbs in (r.get("read_ceiling_gbs") or {}).items():
+            seen.setdefault(int(n), []).append(gbs)
+    return {n: (min(v), max(v)) for n, v in seen.items() if len(v) > 1}
+
+
 def best_ceilings(readings):
     """The best of each ceiling over the run's readings (None where never measured):
     NumPy's matmul_gflops and read_gbs, the compiled fma_gflops, fma_f64_gflops,
@@ -407,6 +420,16 @@ def print_report(results, ceil, rows, out=None):
         # the percentages use the best reading; the median says how far the box moved
         p(f"- matmul ceiling readings: {mm[0]:.0f}-{mm[-1]:.0f} GFLOP/s, median "
           f"{mm[len(mm) // 2]:.0f}")
+    spread = read_ceiling_spread(results["ceilings"])
+    if spread:
+        # a read loop whose bytes a shared cache holds at one reading and not at the next
+        # (a VM's neighbours): its best reading can be twice its worst
+        p("- read ceiling readings: " + ", ".join(f"{n / 2**20:.1f} MiB {lo:.1f}-{hi:.1f} GB/s"
+                                                  for n, (lo, hi) in sorted(spread.items()))
+          + (" — the read loop moved by more than a quarter between readings (part of its bytes "
+             "served from a cache at some readings and not at others): % read ceiling is against "
+             "the best reading; trust the time ratios more"
+             if any(hi > READ_SPREAD_WARN * lo for lo, hi in spread.values()) else ""))
     p("")
     p("| case | shape | fastattn | torch | numpy | torch / fastattn | paired | numpy / fastattn "
       "| fastattn GFLOP/s | % FMA peak | GB/s | % read ceiling | max err fastattn |")

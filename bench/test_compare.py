@@ -107,6 +107,28 @@ def test_scaling_lines_for_prefill_and_the_one_head_backward(compare, capsys):
     assert "1.88×" in line and "median of 3" in line     # 3/1.6, 3/1.5, 3/2.0 -> median 1.875
 
 
+def test_read_ceiling_spread_is_reported_and_flagged(compare, capsys):
+    # three readings of the 64 MiB read loop: 87, 98 and 41 GB/s (a cache shared with
+    # other guests); the table's % uses 98, and the report says how far it moved
+    res = _results([2.0], [1.0])
+    res["ceilings"] = [{"matmul_gflops": 100.0, "read_gbs": 10.0,
+                        "read_ceiling_gbs": {str(64 << 20): g, str(128 << 20): h}}
+                       for g, h in ((87.0, 40.0), (98.0, 41.0), (41.0, 42.0))]
+    assert compare.read_ceiling_spread(res["ceilings"]) == {64 << 20: (41.0, 98.0), 128 << 20: (40.0, 42.0)}
+    ceil, rows = compare.summarize(res)
+    assert ceil["read_ceiling_gbs"][64 << 20] == 98.0
+    compare.print_report(res, ceil, rows)
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("- read ceiling readings"))
+    assert "64.0 MiB 41.0-98.0 GB/s" in line and "128.0 MiB 40.0-42.0 GB/s" in line
+    assert "moved by more than a quarter" in line
+    # readings within a quarter of each other: the spread without the warning
+    for r, g in zip(res["ceilings"], (50.0, 55.0, 60.0)):
+        r["read_ceiling_gbs"] = {str(64 << 20): g}
+    compare.print_report(res, *compare.summarize(res))
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("- read ceiling readings"))
+    assert "moved" not in line
+
+
 def test_serving_cases_are_reported_against_their_baseline(compare, capsys):
     """A serving case and its fastattn baseline (their own cases): the serving
     table divides the baseline's time by the case's and shows the targets."""
