@@ -282,14 +282,19 @@ def _paired_ratio(num_runs, den_runs):
 READ_SPREAD_WARN = 1.25
 
 
-def read_ceiling_spread(readings):
-    """{bytes: (lowest, highest) GB/s} of the read ceiling over the run's readings,
-    for each size read more than once."""
+def _read_ceiling_readings(readings):
+    """{bytes: [GB/s of each reading]} of the compiled read ceiling over the run."""
     seen = {}
     for r in readings:
         for n, gbs in (r.get("read_ceiling_gbs") or {}).items():
             seen.setdefault(int(n), []).append(gbs)
-    return {n: (min(v), max(v)) for n, v in seen.items() if len(v) > 1}
+    return seen
+
+
+def read_ceiling_spread(readings):
+    """{bytes: (lowest, highest) GB/s} of the read ceiling over the run's readings,
+    for each size read more than once."""
+    return {n: (min(v), max(v)) for n, v in _read_ceiling_readings(readings).items() if len(v) > 1}
 
 
 def best_ceilings(readings):
@@ -298,11 +303,7 @@ def best_ceilings(readings):
     bf16_dot_gflops and read_ceiling_gbs ({bytes: GB/s})."""
     ceil = {k: max((r[k] for r in readings if r.get(k)), default=None)
             for k in ("matmul_gflops", "read_gbs", "fma_gflops", "fma_f64_gflops", "bf16_dot_gflops")}
-    reads = {}
-    for r in readings:
-        for n, gbs in (r.get("read_ceiling_gbs") or {}).items():
-            reads[int(n)] = max(reads.get(int(n), 0.0), gbs)
-    ceil["read_ceiling_gbs"] = reads
+    ceil["read_ceiling_gbs"] = {n: max(v) for n, v in _read_ceiling_readings(readings).items()}
     return ceil
 
 

@@ -136,8 +136,9 @@ if grep -n -E "SetuptoolsDeprecationWarning|you need to update your project" \
 fi
 "$TOOLS/python" - "$WHEEL" <<'PYEOF' || die "wheel metadata: license expression or file missing"
 import sys, zipfile
-names = zipfile.ZipFile(sys.argv[1]).namelist()
-meta = zipfile.ZipFile(sys.argv[1]).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+whl = zipfile.ZipFile(sys.argv[1])
+names = whl.namelist()
+meta = whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
 assert "License-Expression: BSD-3-Clause" in meta.splitlines(), "no License-Expression: BSD-3-Clause"
 assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "no .dist-info/licenses/LICENSE"
 print("License-Expression: BSD-3-Clause; LICENSE in .dist-info/licenses")
