@@ -126,10 +126,10 @@ cdef extern from "simd.h" nogil:
                       int64_t k0, int64_t k1, double *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_qk_row1_f(const float *p, const float *v, int64_t ldv, int64_t k0, int64_t k1,
                          float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const float *kn,
-                         int64_t ksr, int64_t nk, float *sn)
+                         int64_t ksr, int64_t nk, float *sn, int64_t pfov, int64_t pfok)
     void fa_pv_qk_row1_d(const double *p, const double *v, int64_t ldv, int64_t k0, int64_t k1,
                          double *o, int64_t nvec, int prefetch, const double *qp, int64_t D, const double *kn,
-                         int64_t ksr, int64_t nk, double *sn)
+                         int64_t ksr, int64_t nk, double *sn, int64_t pfov, int64_t pfok)
     void fa_qvec_bool_mask_chunk_f(float *st, int64_t lds, int64_t j0, int64_t j1, int64_t t0,
                                const uint8_t *const *mrows, int64_t nl, int64_t sc, uint8_t *tbuf,
                                int nv)
@@ -158,7 +158,7 @@ cdef extern from "simd.h" nogil:
                       int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_qk_row1_fh(const float *p, const uint16_t *v, int64_t ldv, int64_t k0, int64_t k1,
                          float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const uint16_t *kn,
-                         int64_t ksr, int64_t nk, float *sn)
+                         int64_t ksr, int64_t nk, float *sn, int64_t pfov, int64_t pfok)
     void fa_qvec_bias_fh(float *st, int64_t lds, int64_t j0, int64_t j1, const uint16_t *const *brows, int64_t ni)
     void fa_widen_scale_row_fh(const uint16_t *x, float *y, int64_t n, float a)
     void fa_add_row_fh(float *x, const uint16_t *b, int64_t n)
@@ -172,7 +172,7 @@ cdef extern from "simd.h" nogil:
                       int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_qk_row1_fb(const float *p, const uint16_t *v, int64_t ldv, int64_t k0, int64_t k1,
                          float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const uint16_t *kn,
-                         int64_t ksr, int64_t nk, float *sn)
+                         int64_t ksr, int64_t nk, float *sn, int64_t pfov, int64_t pfok)
     void fa_qvec_bias_fb(float *st, int64_t lds, int64_t j0, int64_t j1, const uint16_t *const *brows, int64_t ni)
     void fa_widen_scale_row_fb(const uint16_t *x, float *y, int64_t n, float a)
     void fa_add_row_fb(float *x, const uint16_t *b, int64_t n)
@@ -186,7 +186,7 @@ cdef extern from "simd.h" nogil:
                       int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_qk_row1_fi8(const float *p, const int8_t *v, int64_t ldv, int64_t k0, int64_t k1,
                          float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const int8_t *kn,
-                         int64_t ksr, int64_t nk, float *sn)
+                         int64_t ksr, int64_t nk, float *sn, int64_t pfov, int64_t pfok)
     void fa_qvec_bias_fi8(float *st, int64_t lds, int64_t j0, int64_t j1, const int8_t *const *brows, int64_t ni)
     void fa_widen_scale_row_fi8(const int8_t *x, float *y, int64_t n, float a)
     void fa_add_row_fi8(float *x, const int8_t *b, int64_t n)
@@ -200,7 +200,7 @@ cdef extern from "simd.h" nogil:
                       int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_qk_row1_fe4(const float *p, const uint8_t *v, int64_t ldv, int64_t k0, int64_t k1,
                          float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const uint8_t *kn,
-                         int64_t ksr, int64_t nk, float *sn)
+                         int64_t ksr, int64_t nk, float *sn, int64_t pfov, int64_t pfok)
     void fa_qvec_bias_fe4(float *st, int64_t lds, int64_t j0, int64_t j1, const uint8_t *const *brows, int64_t ni)
     void fa_widen_scale_row_fe4(const uint8_t *x, float *y, int64_t n, float a)
     void fa_add_row_fe4(float *x, const uint8_t *b, int64_t n)
@@ -214,7 +214,7 @@ cdef extern from "simd.h" nogil:
                       int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t nvec, int64_t pfo)
     void fa_pv_qk_row1_fe5(const float *p, const uint8_t *v, int64_t ldv, int64_t k0, int64_t k1,
                          float *o, int64_t nvec, int prefetch, const float *qp, int64_t D, const uint8_t *kn,
-                         int64_t ksr, int64_t nk, float *sn)
+                         int64_t ksr, int64_t nk, float *sn, int64_t pfov, int64_t pfok)
     void fa_qvec_bias_fe5(float *st, int64_t lds, int64_t j0, int64_t j1, const uint8_t *const *brows, int64_t ni)
     void fa_widen_scale_row_fe5(const uint8_t *x, float *y, int64_t n, float a)
     void fa_add_row_fe5(float *x, const uint8_t *b, int64_t n)

@@ -25,13 +25,83 @@ cdef inline int lockstep_heads(const Plan *P, int64_t nrows, size_t item) noexce
             and P.Dv > 0 and P.Dv % W == 0 and not P.has_mask and P.k.store < STORE_U8Z and P.v.store < STORE_U8Z)
 
 
+cdef inline void lockstep_scores(const Plan *P, Workspace **ws, RowUnit *U, int64_t nh, int64_t nr,
+                                 const int64_t *ksoff, const int64_t *vsoff, bint per_key, int64_t t0, int64_t t1,
+                                 int64_t hi_all, floating dummy) noexcept nogil:
+    """The scores of keys [t0, t1) (one tile) for every head into U[h].s, run
+    by run: each run of slots read for every head in turn; the heads' per-key
+    scales of the keys a tile on are requested as each run is read."""
+    cdef int64_t t = t0, x, h, pfo
+    cdef bint scales_ahead
+    while t < t1:
+        x = run_end(P, t, t1)
+        pfo = run_pfo(P, &P.k, U[0].kbo, t, x, hi_all, P.Dk)
+        # the scales the online softmax reads a tile on
+        scales_ahead = per_key and t + BLOCK_K < hi_all
+        for h in range(nh):
+            if scales_ahead:
+                prefetch_head_scales(P, ksoff[h], vsoff[h], t + BLOCK_K, min(x + BLOCK_K, hi_all))
+            stored_qk_rows_po(P.k.store, <floating *>ws[h].qp, P.Dk, nr, P.Dk,
+                              stored_at(&P.k, U[h].kbo + row_at(P, &P.k, t)), P.k.sr, x - t,
+                              (<floating *>U[h].s) + (t - t0), BLOCK_K, pfo)
+        t = x
+
+
+cdef void lockstep_pv_qk_row1(const Plan *P, Workspace **ws, RowUnit *U, int64_t nh, const int64_t *a,
+                              const int64_t *e, const int64_t *ksoff, const int64_t *vsoff, bint per_key, int64_t t0,
+                              int64_t t1, int64_t nn, int64_t hi_all, floating dummy) noexcept nogil:
+    """One query row per head: O += P . V over each head's keys t0+a[h]..t0+e[h]-1
+    and the next tile's scores (keys t1..t1+nn-1, into U[h].s2) in one pass per
+    pair of runs -- a run of value slots and a run of the next tile's key slots,
+    each read for every head in turn, side by side (fa_pv_qk_row1, as the
+    contiguous decode fuses them), every row requesting its counterpart a block
+    on (run_pfo).  Per head the same value runs as the separate passes, and a
+    score depends on its key alone: the same bits."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    cdef int64_t va = e[0], ve = a[0], h, tv, tk, xv, xk, x0, x1, pfv, pfk
+    cdef bint scales_ahead
+    cdef const char *vrow
+    cdef const char *krow
+    for h in range(nh):
+        if a[h] < e[h]:
+            va = min(va, a[h])
+            ve = max(ve, e[h])
+    if va >= ve:
+        va = ve = 0
+    tv = t0 + va
+    tk = t1
+    while tv < t0 + ve or tk < t1 + nn:
+        xv = run_end(P, tv, t0 + ve) if tv < t0 + ve else tv
+        xk = run_end(P, tk, t1 + nn) if tk < t1 + nn else tk
+        pfv = run_pfo(P, &P.v, U[0].vbo, tv, xv, hi_all, P.Dv) if xv > tv else 0
+        pfk = run_pfo(P, &P.k, U[0].kbo, tk, xk, hi_all, P.Dk) if xk > tk else 0
+        scales_ahead = per_key and xk > tk and tk + BLOCK_K < hi_all
+        for h in range(nh):
+            if scales_ahead:
+                prefetch_head_scales(P, ksoff[h], vsoff[h], tk + BLOCK_K, min(xk + BLOCK_K, hi_all))
+            x0 = max(tv, t0 + a[h])
+            x1 = min(xv, t0 + e[h])
+            if x1 < x0:
+                x1 = x0
+            vrow = stored_at(&P.v, U[h].vbo + (row_at(P, &P.v, x0) if x1 > x0 else 0))
+            krow = stored_at(&P.k, U[h].kbo + (row_at(P, &P.k, tk) if xk > tk else 0))
+            stored_pv_qk_row1_po(P.v.store, (<floating *>U[h].s) + (x0 - t0), vrow, P.v.sr, 0, x1 - x0,
+                                 <floating *>ws[h].o, U[h].dvp // W, <floating *>ws[h].qp, P.Dk, krow, P.k.sr,
+                                 xk - tk, (<floating *>U[h].s2) + (tk - t1), pfv, pfk)
+        tv = xv
+        tk = xk
+
+
 cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh, int64_t nr, int64_t kb,
                           int64_t ke, int mode, floating *part_o, floating *part_m, double *part_l,
                           int64_t hstride) noexcept nogil:
     """Rows 0..nr-1 of key/value heads b0..b0+nh-1 (nh <= HEADS_LOCKSTEP, one
     workspace each) of a paged sequence against keys [kb, ke): per tile the
     scores of every head run by run, each head's online softmax, then P.V run
-    by run (values holding inf / NaN: that head's tile again, exactly).
+    by run (values holding inf / NaN: that head's tile again, exactly).  One
+    row per head (MHA decode), keys and values of one storage type (not int8),
+    a block's rows of a head one after another: each tile's P.V also computes
+    the next tile's scores (lockstep_pv_qk_row1).
     MODE_PARTIAL: head h's partial results at part_* + h * hstride rows."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef RowUnit U[HEADS_LOCKSTEP]
@@ -40,9 +110,10 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
     cdef int64_t h, i, t0, t1, t, x, x0, x1, dvp, lo_all, hi_all, pfo
     cdef int64_t ksoff[HEADS_LOCKSTEP]
     cdef int64_t vsoff[HEADS_LOCKSTEP]
-    cdef bint per_key, scales_ahead
+    cdef bint per_key, fuse1
     cdef floating *o
     cdef floating *vp
+    cdef char *sw
     for h in range(nh):
         U[h].b = b0 + h
         U[h].r0 = 0
@@ -57,6 +128,11 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
         ksoff[h] = key_scale_offset(P, &P.ks, U[h].b, ws[h].goff[0]) if P.kscale == SCALE_PER_KEY else 0
         vsoff[h] = key_scale_offset(P, &P.vs, U[h].b, ws[h].goff[0]) if P.vscale == SCALE_PER_KEY else 0
     per_key = P.kscale == SCALE_PER_KEY or P.vscale == SCALE_PER_KEY
+    # (rows of a run one after another: in vLLM's layout, a head's rows a slot
+    # apart, fusing measured 0.91x -- two strided streams per head; int8 caches,
+    # 2 KiB runs with per-key scales, 0.94-0.96x: both keep the separate passes)
+    fuse1 = (nr == 1 and P.k.store == P.v.store and P.k.store != STORE_I8 and U[0].need_pv and P.k.sr == P.Dk
+             and P.v.sr == P.Dv)
     # every head of a sequence sees the same keys (the same rows, no mask)
     lo_all = U[0].lo_all
     hi_all = U[0].hi_all
@@ -64,22 +140,14 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
     if per_key:
         for h in range(nh):
             prefetch_head_scales(P, ksoff[h], vsoff[h], lo_all, min(lo_all + BLOCK_K, hi_all))
+    if fuse1 and lo_all < hi_all:
+        lockstep_scores(P, ws, U, nh, nr, ksoff, vsoff, per_key, lo_all, min(lo_all + BLOCK_K, hi_all), hi_all,
+                        <floating>0)
     t0 = lo_all
     while t0 < hi_all:
         t1 = min(t0 + BLOCK_K, hi_all)
-        t = t0
-        while t < t1:
-            x = run_end(P, t, t1)
-            pfo = run_pfo(P, &P.k, U[0].kbo, t, x, hi_all, P.Dk)
-            # the scales the online softmax reads a tile on
-            scales_ahead = per_key and t + BLOCK_K < hi_all
-            for h in range(nh):
-                if scales_ahead:
-                    prefetch_head_scales(P, ksoff[h], vsoff[h], t + BLOCK_K, min(x + BLOCK_K, hi_all))
-                stored_qk_rows_po(P.k.store, <floating *>ws[h].qp, P.Dk, nr, P.Dk,
-                                  stored_at(&P.k, U[h].kbo + row_at(P, &P.k, t)), P.k.sr, x - t,
-                                  (<floating *>U[h].s) + (t - t0), BLOCK_K, pfo)
-            t = x
+        if not fuse1:
+            lockstep_scores(P, ws, U, nh, nr, ksoff, vsoff, per_key, t0, t1, hi_all, <floating>0)
         for h in range(nh):
             row_tile_softmax(P, ws[h], &U[h], <floating *>NULL, t0, t1 - t0)
             rows_key_span(ws[h], 0, nr, t0, t1 - t0, &a[h], &e[h])
@@ -89,18 +157,22 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
                 vp = <floating *>ws[h].vp
                 for i in range(nr * dvp):
                     vp[i] = o[i]
-        t = t0
-        while t < t1:
-            x = run_end(P, t, t1)
-            pfo = run_pfo(P, &P.v, U[0].vbo, t, x, hi_all, P.Dv)
-            for h in range(nh):
-                x0 = max(t, t0 + a[h])
-                x1 = min(x, t0 + e[h])
-                if x0 < x1:
-                    stored_pv_rows_po(P.v.store, (<floating *>U[h].s) + (x0 - t0), BLOCK_K, nr,
-                                      stored_at(&P.v, U[h].vbo + row_at(P, &P.v, x0)), P.v.sr, 0, x1 - x0,
-                                      <floating *>ws[h].o, dvp, dvp // W, pfo)
-            t = x
+        if fuse1:
+            lockstep_pv_qk_row1(P, ws, U, nh, a, e, ksoff, vsoff, per_key, t0, t1, min(BLOCK_K, hi_all - t1),
+                                hi_all, <floating>0)
+        else:
+            t = t0
+            while t < t1:
+                x = run_end(P, t, t1)
+                pfo = run_pfo(P, &P.v, U[0].vbo, t, x, hi_all, P.Dv)
+                for h in range(nh):
+                    x0 = max(t, t0 + a[h])
+                    x1 = min(x, t0 + e[h])
+                    if x0 < x1:
+                        stored_pv_rows_po(P.v.store, (<floating *>U[h].s) + (x0 - t0), BLOCK_K, nr,
+                                          stored_at(&P.v, U[h].vbo + row_at(P, &P.v, x0)), P.v.sr, 0, x1 - x0,
+                                          <floating *>ws[h].o, dvp, dvp // W, pfo)
+                t = x
         for h in range(nh):
             o = <floating *>ws[h].o
             if a[h] < e[h] and block_nonfinite(o, nr, P.Dv, dvp, 1):
@@ -109,6 +181,11 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
                     o[i] = vp[i] if t0 != lo_all else 0
                 pv_rows_exact(P, ws[h], <floating *>U[h].s, P.v.store, <const char *>NULL, 0, o, dvp, 0, nr, t0,
                               t1 - t0, U[h].mbo, U[h].vbo)
+            if fuse1:
+                # the next tile's scores are in s2: swap the buffers
+                sw = U[h].s
+                U[h].s = U[h].s2
+                U[h].s2 = sw
         t0 = t1
     for h in range(nh):
         if mode == MODE_PARTIAL:

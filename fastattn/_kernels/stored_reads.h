@@ -457,9 +457,10 @@ FA_SSFX(fa_pv1_axpy)(FA_V *a, FA_V w, const FA_S *vr, const int NB)
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1, FA_T *o,
                        const int NB, int prefetch, const FA_T *qp, int64_t D, const FA_S *kn, int64_t ksr,
-                       int64_t nk, FA_T *sn, const int l2, int64_t pfo)
+                       int64_t nk, FA_T *sn, const int l2, int64_t pfo, int64_t pfok)
 {
-    const int64_t pfv = pfo != FA_PF_AUTO ? pfo : FA_SSFX(fa_pf_rows_s)(NB * FA_W), pfk = FA_SSFX(fa_pf_rows_s)(D);
+    const int64_t pfv = pfo != FA_PF_AUTO ? pfo : FA_SSFX(fa_pf_rows_s)(NB * FA_W);
+    const int64_t pfk = pfok != FA_PF_AUTO ? pfok : FA_SSFX(fa_pf_rows_s)(D);
     const int64_t nv = k1 > k0 ? k1 - k0 : 0, both = nk < nv ? nk : nv;
     FA_V a[FA_ROW_NB];
     FA_UNROLL for (int u = 0; u < NB; u++) a[u] = FA_SFX(fa_set1)(0);
@@ -495,35 +496,39 @@ FA_SSFX(fa_pv1_qk_pass)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, 
 static inline __attribute__((always_inline)) void
 FA_SSFX(fa_pv_qk_row1_l)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1, FA_T *o, int64_t nvec,
                         int prefetch, const FA_T *qp, int64_t D, const FA_S *kn, int64_t ksr, int64_t nk, FA_T *sn,
-                        const int l2, int64_t pfo)
+                        const int l2, int64_t pfo, int64_t pfok)
 {
     int64_t c = 0;
 #if FA_ROW_NB > 8
     for (; c + FA_ROW_NB <= nvec; c += FA_ROW_NB, nk = 0)
         FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, FA_ROW_NB, prefetch, qp, D, kn, ksr,
-                                nk, sn, l2, pfo);
+                                nk, sn, l2, pfo, pfok);
 #endif
     for (; c + 8 <= nvec; c += 8, nk = 0)
         FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 8, prefetch, qp, D, kn, ksr, nk, sn, l2,
-                                pfo);
+                                pfo, pfok);
     for (; c + 4 <= nvec; c += 4, nk = 0)
         FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 4, prefetch, qp, D, kn, ksr, nk, sn, l2,
-                                pfo);
+                                pfo, pfok);
     for (; c < nvec; c++, nk = 0)
-        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 1, 0, qp, D, kn, ksr, nk, sn, l2, pfo);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv + c * FA_W, ldv, k0, k1, o + c * FA_W, 1, 0, qp, D, kn, ksr, nk, sn, l2, pfo,
+                                pfok);
     if (nk)     /* no value columns at all: the scores alone */
-        FA_SSFX(fa_pv1_qk_pass)(p, vv, ldv, 0, 0, o, 0, 0, qp, D, kn, ksr, nk, sn, l2, FA_PF_AUTO);
+        FA_SSFX(fa_pv1_qk_pass)(p, vv, ldv, 0, 0, o, 0, 0, qp, D, kn, ksr, nk, sn, l2, FA_PF_AUTO, pfok);
 }
 
-/* ... with the hint level (fa_pf_l2) a constant of each instantiation */
+/* ... with the hint level (fa_pf_l2) a constant of each instantiation; pfov /
+ * pfok: the value / key rows' prefetch offsets in rows (FA_PF_AUTO: the kernel's
+ * distance; the paged lockstep passes next_run_rows) */
 static inline void FA_SSFX(fa_pv_qk_row1)(const FA_T *p, const FA_S *vv, int64_t ldv, int64_t k0, int64_t k1,
                                          FA_T *o, int64_t nvec, int prefetch, const FA_T *qp, int64_t D,
-                                         const FA_S *kn, int64_t ksr, int64_t nk, FA_T *sn)
+                                         const FA_S *kn, int64_t ksr, int64_t nk, FA_T *sn, int64_t pfov,
+                                         int64_t pfok)
 {
     if (fa_pf_l2)
-        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, qp, D, kn, ksr, nk, sn, 1, FA_PF_AUTO);
+        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, qp, D, kn, ksr, nk, sn, 1, pfov, pfok);
     else
-        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, qp, D, kn, ksr, nk, sn, 0, FA_PF_AUTO);
+        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, qp, D, kn, ksr, nk, sn, 0, pfov, pfok);
 }
 
 /* fa_pv_qk_row1 without the next tile's scores; pfo: the value rows' prefetch offset
@@ -532,9 +537,9 @@ static inline void FA_SSFX(fa_pv_row1)(const FA_T *p, const FA_S *vv, int64_t ld
                                       FA_T *o, int64_t nvec, int prefetch, int64_t pfo)
 {
     if (fa_pf_l2)
-        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, NULL, 0, NULL, 0, 0, NULL, 1, pfo);
+        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, NULL, 0, NULL, 0, 0, NULL, 1, pfo, FA_PF_AUTO);
     else
-        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, NULL, 0, NULL, 0, 0, NULL, 0, pfo);
+        FA_SSFX(fa_pv_qk_row1_l)(p, vv, ldv, k0, k1, o, nvec, prefetch, NULL, 0, NULL, 0, 0, NULL, 0, pfo, FA_PF_AUTO);
 }
 
 /* O[i][0:nvec*W] += sum_{k in [k0,k1)} P[i][k] * V[k][0:nvec*W] for i < nr, V rows

@@ -222,20 +222,36 @@ cdef inline void stored_pv_qk_row1(int store, const floating *p, const char *v, 
                                    int64_t ksr, int64_t nk, floating *sn) noexcept nogil:
     """One row's P.V over stored value rows and the next tile's scores over stored
     key rows (both of storage type store) in one pass."""
+    stored_pv_qk_row1_po(store, p, v, ldv, k0, k1, o, nvec, qp, D, kn, ksr, nk, sn, FA_PF_AUTO, FA_PF_AUTO)
+
+
+cdef inline void stored_pv_qk_row1_po(int store, const floating *p, const char *v, int64_t ldv, int64_t k0,
+                                      int64_t k1, floating *o, int64_t nvec, const floating *qp, int64_t D,
+                                      const char *kn, int64_t ksr, int64_t nk, floating *sn, int64_t pfov,
+                                      int64_t pfok) noexcept nogil:
+    """stored_pv_qk_row1, the value and key rows requested pfov / pfok rows on
+    (FA_PF_AUTO: the kernel's distance)."""
     if floating is double:
-        fa_pv_qk_row1_d(p, <const double *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const double *>kn, ksr, nk, sn)
+        fa_pv_qk_row1_d(p, <const double *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const double *>kn,
+                        ksr, nk, sn, pfov, pfok)
     elif store == STORE_F32:
-        fa_pv_qk_row1_f(p, <const float *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const float *>kn, ksr, nk, sn)
+        fa_pv_qk_row1_f(p, <const float *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const float *>kn,
+                        ksr, nk, sn, pfov, pfok)
     elif store == STORE_F16:
-        fa_pv_qk_row1_fh(p, <const uint16_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint16_t *>kn, ksr, nk, sn)
+        fa_pv_qk_row1_fh(p, <const uint16_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint16_t *>kn,
+                         ksr, nk, sn, pfov, pfok)
     elif store == STORE_BF16:
-        fa_pv_qk_row1_fb(p, <const uint16_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint16_t *>kn, ksr, nk, sn)
+        fa_pv_qk_row1_fb(p, <const uint16_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint16_t *>kn,
+                         ksr, nk, sn, pfov, pfok)
     elif store == STORE_F8E4:
-        fa_pv_qk_row1_fe4(p, <const uint8_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint8_t *>kn, ksr, nk, sn)
+        fa_pv_qk_row1_fe4(p, <const uint8_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint8_t *>kn,
+                          ksr, nk, sn, pfov, pfok)
     elif store == STORE_F8E5:
-        fa_pv_qk_row1_fe5(p, <const uint8_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint8_t *>kn, ksr, nk, sn)
+        fa_pv_qk_row1_fe5(p, <const uint8_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const uint8_t *>kn,
+                          ksr, nk, sn, pfov, pfok)
     else:
-        fa_pv_qk_row1_fi8(p, <const int8_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const int8_t *>kn, ksr, nk, sn)
+        fa_pv_qk_row1_fi8(p, <const int8_t *>v, ldv, k0, k1, o, nvec, 1, qp, D, <const int8_t *>kn,
+                          ksr, nk, sn, pfov, pfok)
 
 
 cdef inline void stored_pack_transposed(int store, const char *q, const int64_t *qoff, int64_t nr, int64_t D,
