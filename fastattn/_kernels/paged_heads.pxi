@@ -11,6 +11,9 @@
 # begin, online softmax and finish), so the results are those of the
 # separate units, bit for bit.  While a run is read, each head's rows request
 # their counterparts in the next run's block (next_run_rows, paged_reads.pxi).
+# One query row per head (MHA decode): each tile's P.V pass also computes the
+# next tile's scores, value runs and key runs side by side
+# (lockstep_pv_qk_row1), as the contiguous decode fuses them.
 
 cdef enum:
     HEADS_LOCKSTEP = 8   # heads of one block read together (8 x 8 KiB: a 64 KiB stretch)
