@@ -364,8 +364,9 @@ def test_paged_heads_in_lockstep_are_the_separate_heads(rng):
 @pytest.mark.parametrize("bs", [16, 64])
 def test_paged_inf_and_nan_in_visible_values(bs, rng):
     """An inf or NaN in a value a row sees reaches that row (and only the rows that
-    see it), on every path: heads in lockstep, copied and in-place tiles."""
-    for lq, g in ((1, 4), (40, 2)):
+    see it), on every path: heads in lockstep (one row per head: P.V fused with the
+    next tile's scores), copied and in-place tiles."""
+    for lq, g in ((1, 1), (1, 4), (40, 2)):
         lens = np.array([300, lq + 20])
         kc, vc, table = paged_cache(rng, lens, bs, 2, 32, 32)
         slot = table[0, 250 // bs], 1, 250 % bs

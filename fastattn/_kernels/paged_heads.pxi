@@ -61,10 +61,11 @@ cdef void lockstep_pv_qk_row1(const Plan *P, Workspace **ws, RowUnit *U, int64_t
     on (run_pfo).  Per head the same value runs as the separate passes, and a
     score depends on its key alone: the same bits."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
-    cdef int64_t va = e[0], ve = a[0], h, tv, tk, xv, xk, x0, x1, pfv, pfk
+    cdef int64_t va = t1 - t0, ve = 0, h, tv, tk, xv, xk, x0, x1, pfv, pfk
     cdef bint scales_ahead
     cdef const char *vrow
     cdef const char *krow
+    # the value slots any head sees (every head sees the same keys here)
     for h in range(nh):
         if a[h] < e[h]:
             va = min(va, a[h])
