@@ -137,7 +137,9 @@ cdef void paged_pv_qk(const Plan *P, int64_t kbo, int64_t vbo, const floating *p
             stored_pv_rows_po(P.v.store, p + (tv - t0), BLOCK_K, nr, vrow, P.v.sr, 0, xv - tv, o, dvp, dvp // W,
                               run_pfo(P, &P.v, vbo, tv, xv, lim, P.Dv))
         else:
-            # the fused readers take no offset: the next runs' first rows are requested here
+            # called without prefetch offsets (stored_pv_qk_row1, pv_qk_chunks): the next runs'
+            # first rows are requested here (the paged lockstep passes offsets instead,
+            # lockstep_pv_qk_row1; one unit alone was not measured with them)
             prefetch_run(P, &P.v, vbo, xv, lim, P.Dv)
             prefetch_run(P, &P.k, kbo, xk, lim, P.Dk)
             krow = stored_at(&P.k, kbo + (row_at(P, &P.k, tk) if xk > tk else 0))
