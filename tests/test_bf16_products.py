@@ -1,12 +1,15 @@
 """bfloat16 queries and keys: scores from exact bfloat16 products (the
 avx512_bf16 / neon_bf16 variants multiply them with pair dot products, other
-variants widen them to float32 first); either way the result is the float32
-computation of the stored values, and at least as accurate as torch's bfloat16
-scaled_dot_product_attention on the same inputs."""
+variants widen them to float32 first); either way the scores are the float32
+computation of the stored values.  On avx512_bf16 the query-vectorised P.V of
+bfloat16 values uses them too (P rounded to bfloat16 against each tile's max):
+the output within that rounding of the float64 result (_pv_bound), and at least
+as accurate as torch's bfloat16 scaled_dot_product_attention on the same inputs."""
 import numpy as np
 import pytest
 
 import fastattn
+from fastattn import _dispatch
 from fa_testutil import rms_rel_err
 from fastattn import reference as R
 
@@ -27,8 +30,12 @@ def test_bf16_scores_match_float64(shape, causal, rng):
     want, want_lse = R.attention(f64(q), f64(k), f64(v), causal=causal, return_lse=True)
     # lse carries the scores' float32 rounding only: exact products, float32 sums
     assert np.abs(lse - want_lse).max() <= 4e-6 * max(1.0, np.abs(want_lse).max())
-    # the output: float32 result rounded once to bfloat16
-    np.testing.assert_allclose(f64(o), want, rtol=2.0 ** -8, atol=2.0 ** -9)
+    if _dispatch.VARIANT == "avx512_bf16":
+        # P.V by pair dot products too: P rounded to bfloat16 first (_pv_bound)
+        assert np.all(_pv_bound(o, want, R.attention(f64(q), f64(k), np.abs(f64(v)), causal=causal)))
+    else:
+        # the output: float32 result rounded once to bfloat16
+        np.testing.assert_allclose(f64(o), want, rtol=2.0 ** -8, atol=2.0 ** -9)
 
 
 def test_bf16_keys_strided_and_mixed(rng):
@@ -44,18 +51,90 @@ def test_bf16_keys_strided_and_mixed(rng):
         np.testing.assert_allclose(lse, R.attention(f64(q), f64(k), f64(v), return_lse=True)[1], rtol=2e-6)
 
 
-def test_bf16_error_at_most_torch(rng):
+@pytest.mark.parametrize("shape, causal, qscale", [((1, 8, 512, 64), True, 1.0), ((1, 8, 1024, 64), False, 1.0),
+                                                    ((1, 4, 1024, 128), False, 1.0), ((1, 8, 1024, 64), False, 3.0),
+                                                    ((1, 8, 1024, 64), True, 0.2), ((2, 4, 700, 64), True, 1.0)])
+def test_bf16_error_at_most_torch(shape, causal, qscale, rng):
+    """Relative RMS error against float64, outputs in bfloat16: at or below torch's
+    bfloat16 SDPA on the same inputs -- with P.V by pair dot products (P rounded
+    to bfloat16 against each tile's max) as with the float32 P.V; flat (q / 5)
+    and peaked (q * 3) attention too."""
     torch = pytest.importorskip("torch")
-    q, k, v = (rng.standard_normal((1, 8, 512, 64)).astype(BF16) for _ in range(3))
-    want = R.attention(f64(q), f64(k), f64(v), causal=True)
-    ours = f64(fastattn.attention(q, k, v, causal=True))
+    q = (rng.standard_normal(shape) * qscale).astype(BF16)
+    k, v = (rng.standard_normal(shape).astype(BF16) for _ in range(2))
+    want = R.attention(f64(q), f64(k), f64(v), causal=causal)
+    ours = f64(fastattn.attention(q, k, v, causal=causal))
     t = [torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16) for x in (q, k, v)]
     with torch.no_grad():
-        theirs = torch.nn.functional.scaled_dot_product_attention(*t, is_causal=True).float().numpy()
+        theirs = torch.nn.functional.scaled_dot_product_attention(*t, is_causal=causal).float().numpy()
 
     def rel_rms(x):
         return np.sqrt(np.mean((x - want) ** 2) / np.mean(want ** 2))
     assert rel_rms(ours) <= rel_rms(theirs)
+
+
+def _pv_bound(out, want, absw):
+    """P rounded to bfloat16 (relative error <= 2^-8 each: 8 significant bits)
+    moves an output by at most 2^-8 * sum_j w_j |v_j| (absw) from the float32 result; the output then
+    rounds once to bfloat16 (<= 2^-8 of its magnitude)."""
+    err = 2.0 ** -8 * absw
+    with np.errstate(invalid="ignore"):
+        return np.abs(f64(out) - want) <= err + 2.0 ** -8 * (np.abs(want) + err) + 2e-6
+
+
+@pytest.mark.parametrize("qs, ks, dv", [((1, 2, 300, 64), (1, 2, 300, 64), 64),     # tiles of 128, 128, 44
+                                        ((1, 8, 77, 64), (1, 2, 301, 64), 64),      # GQA, odd Lk
+                                        ((2, 3, 130, 48), (2, 3, 257, 48), 33),     # odd Dv, D 48
+                                        ((1, 1, 200, 32), (1, 1, 129, 32), 7)])     # last tile of one key
+def test_bf16_pv_every_option(qs, ks, dv, rng):
+    """bfloat16 q, k, v with every option of the forward (masks that cut tiles
+    at odd keys, windows, bias, softcap, sinks, lse, a key split): within the
+    rounding of P of the float64 reference (_pv_bound), lse to float32 rounding."""
+    q = rng.standard_normal(qs).astype(BF16)
+    k = rng.standard_normal(ks).astype(BF16)
+    v = rng.standard_normal(ks[:-1] + (dv,)).astype(BF16)
+    Lq, Lk = qs[-2], ks[-2]
+    mask = rng.random((Lq, Lk)) < 0.7
+    opts = [dict(), dict(causal=True), dict(causal="bottom_right"), dict(window=(37, 5)),
+            dict(window=(3, 0), causal="bottom_right"), dict(mask=mask), dict(bias=rng.standard_normal((Lq, Lk))),
+            dict(softcap=2.0), dict(sinks=rng.standard_normal(qs[:-2])), dict(kv_lengths=np.full(qs[0], Lk - 3)),
+            dict(scale=0.6, causal=True)]
+    for kw in opts:
+        out, lse = fastattn.attention(q, k, v, return_lse=True, **kw)
+        want, want_lse = R.attention(f64(q), f64(k), f64(v), return_lse=True, **kw)
+        absw = R.attention(f64(q), f64(k), np.abs(f64(v)), **kw)
+        assert out.dtype == BF16, kw
+        assert np.all(_pv_bound(out, want, absw)), kw
+        fin = np.isfinite(want_lse)
+        np.testing.assert_array_equal(fin, np.isfinite(lse))
+        assert np.abs(lse[fin] - want_lse[fin]).max() <= 4e-6 * max(1.0, np.abs(want_lse[fin]).max()), kw
+
+
+def test_bf16_pv_strided_values_nonfinite_and_threads(rng):
+    """Values with a column stride (packed element by element), a value tile
+    holding inf / NaN (that tile widened: inf * 0 stays out of the outputs that do
+    not see it), and 1 or 2 threads giving the same bits."""
+    q, k = (rng.standard_normal((1, 2, 200, 64)).astype(BF16) for _ in range(2))
+    vt = rng.standard_normal((1, 2, 64, 300)).astype(BF16)
+    v = np.swapaxes(vt, -1, -2)                           # column stride 300
+    k = rng.standard_normal((1, 2, 300, 64)).astype(BF16)
+    want = R.attention(f64(q), f64(k), f64(v))
+    out = fastattn.attention(q, k, v)
+    assert np.all(_pv_bound(out, want, R.attention(f64(q), f64(k), np.abs(f64(v)))))
+    np.testing.assert_array_equal(out, fastattn.attention(q, k, np.ascontiguousarray(v)))
+    vn = np.ascontiguousarray(v)
+    vn[0, 0, 250, 3] = np.inf
+    vn[0, 1, 10, 5] = np.nan
+    for causal in (False, "bottom_right"):
+        got = fastattn.attention(q, k, vn, causal=causal)
+        ref = R.attention(f64(q), f64(k), f64(vn), causal=causal)
+        np.testing.assert_array_equal(np.isnan(f64(got)), np.isnan(ref))
+        np.testing.assert_array_equal(np.isposinf(f64(got)), np.isposinf(ref))
+        fin = np.isfinite(ref)
+        absw = R.attention(f64(q), f64(k), np.abs(f64(np.where(np.isfinite(f64(vn)), f64(vn), 0))), causal=causal)
+        assert np.all(_pv_bound(got, ref, absw)[fin])
+    np.testing.assert_array_equal(fastattn.attention(q, k, vn, num_threads=1),
+                                  fastattn.attention(q, k, vn, num_threads=2))
 
 
 @pytest.mark.parametrize("shapes", [((1, 2, 300, 64), (1, 2, 300, 64)), ((2, 4, 77, 63), (2, 2, 90, 63)),

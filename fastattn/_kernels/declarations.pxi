@@ -104,6 +104,13 @@ cdef extern from "simd.h" nogil:
                          uint16_t *dst, int64_t ld, int64_t npad)
     void fa_pack_key_pairs_bd(const uint16_t *base, const int64_t *off, int64_t sc, int64_t n, int64_t D,
                               uint32_t *kt2)
+    int FA_BF16_PV
+    int fa_pack_value_pairs_bd(const uint16_t *v, int64_t vsr, int64_t vsc, int64_t n, int64_t Dv,
+                               uint32_t *v2, int64_t ld)
+    void fa_qvec_softmax_chunk_bd(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, float *l,
+                                  float *ot, int64_t ldo, int64_t Dv, const float *mx, float *f, int nv)
+    void fa_qvec_pv_chunk_bd(const uint32_t *v2, int64_t ld2, int64_t Dv, const float *p2, int64_t lds,
+                             int64_t p0, int64_t p1, float *ot, int64_t ldo, const float *f, int nv)
     void fa_qvec_pv_chunk_f(const float *v, int64_t vsr, int64_t vsc, int64_t Dv, const float *pt,
                         int64_t lds, int64_t j0, int64_t j1, float *ot, int64_t ldo, int nv)
     void fa_qvec_pv_chunk_d(const double *v, int64_t vsr, int64_t vsc, int64_t Dv, const double *pt,

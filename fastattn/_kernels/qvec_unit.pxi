@@ -91,6 +91,7 @@ cdef struct TileSource:
     int64_t vsr, vsc
     int vstore
     int vnf                    # the value tile holds an inf or NaN
+    int vpairs                 # v is V2, pairs of bfloat16 value rows (qvec_bf16_pv; P.V by pair products)
     int kpaged, vpaged         # paged k / v read in place: k, v are the head's rows of the cache,
     int64_t t0                 # key t0 + j of the tile is found through the block table (paged_reads.pxi)
 
@@ -111,6 +112,14 @@ cdef inline bint qvec_bf16_dot(const Plan *P, floating dummy) noexcept nogil:
     with them, bfloat16 q and k, contiguous rows of an even length, k not paged."""
     return (floating is float and FA_BF16_DOT != 0 and P.q.store == STORE_BF16 and P.k.store == STORE_BF16
             and P.pages == NULL and P.q.sc == 1 and P.k.sc == 1 and P.Dk % 2 == 0 and P.kscale == SCALE_NONE)
+
+
+cdef inline bint qvec_bf16_pv(const Plan *P, const QvecUnit *U, floating dummy) noexcept nogil:
+    """P.V by bfloat16 pair dot products too (bf16_dot.h, FA_HAVE_BF16_PV): the
+    scores by them (qvec_bf16_dot), bfloat16 values without scales, a pass that
+    accumulates P.V with the online softmax (not return_weights' second pass)."""
+    return (FA_BF16_PV != 0 and qvec_bf16_dot(P, <floating>0) and P.v.store == STORE_BF16
+            and P.vscale == SCALE_NONE and U.need_pv and U.mode != MODE_WEIGHTS)
 
 
 cdef void qvec_unit_begin(const Plan *P, Workspace *ws, QvecUnit *U, floating *stats) noexcept nogil:
@@ -313,6 +322,32 @@ cdef void qvec_chunk_pv(const Plan *P, Workspace *ws, const QvecUnit *U, const T
     cdef floating *ot = <floating *>ws.ot
     cdef const uint8_t *mrow = NULL
     cdef floating p
+    cdef int v
+    cdef KeyRuns PR
+    if floating is float:
+        if T.vpairs:
+            # P2 pairs p hold keys 2p, 2p + 1 (P 0 where a lane does not see a
+            # key).  The runs are cut again over pairs: a run of keys starting
+            # at an odd key would share its first pair with the run before
+            if R.n > 0:
+                for v in range(U.ch_nv[ch]):
+                    PR.va[v] = R.va[v] >> 1
+                    PR.ve[v] = (R.ve[v] + 1) >> 1 if R.ve[v] > R.va[v] else R.va[v] >> 1
+                PR.n = qvec_key_runs(j0 >> 1, (j1 + 1) >> 1, PR.va, PR.ve, U.ch_nv[ch], PR.s, PR.e, PR.v, PR.w)
+                for ri in range(PR.n):
+                    rv0 = PR.v[ri]
+                    rw0 = PR.w[ri]
+                    while rw0 > 0:
+                        nw = qvec_chunk_width(rw0)
+                        fa_qvec_pv_chunk_bd(<const uint32_t *>T.v, T.vsr, Dv, <const float *>(st + c0 + rv0 * W),
+                                            ld, PR.s[ri], PR.e[ri], <float *>(ot + c0 + rv0 * W),
+                                            ld, (<const float *>ws.mxt) + rv0 * W, nw)
+                        rv0 += nw
+                        rw0 -= nw
+            else:
+                fa_qvec_pv_chunk_bd(<const uint32_t *>T.v, T.vsr, Dv, <const float *>(st + c0), ld, j0 >> 1,
+                                    (j1 + 1) >> 1, <float *>(ot + c0), ld, <const float *>ws.mxt, U.ch_nv[ch])
+            return
     if not T.vnf and R.n > 0:
         for ri in range(R.n):
             rv0 = R.v[ri]
@@ -353,6 +388,7 @@ cdef void qvec_tile_source(const Plan *P, Workspace *ws, const QvecUnit *U, Tile
     cdef int64_t ldk = round_up(P.Dk if P.Dk > 0 else 1, W), ldv = round_up(P.Dv if P.Dv > 0 else 1, W)
     cdef int kind = paged_tile_kind(P, t0, t1)
     T.vnf = 0
+    T.vpairs = 0
     T.t0 = t0
     T.kpaged = kind == TILE_RUNS and P.k.store == native
     T.vpaged = kind == TILE_RUNS and P.v.store == native
@@ -406,6 +442,15 @@ cdef inline void qvec_tile_values(const Plan *P, Workspace *ws, const QvecUnit *
         T.v = <const char *>ws.vw
         T.vsr = ldv
         T.vsc = 1
+    elif kind == TILE_ROWS and qvec_bf16_pv(P, U, <floating>0) and not fa_pack_value_pairs_bd(
+            <const uint16_t *>stored_at(&P.v, vbo + row_at(P, &P.v, t0)), P.v.sr, P.v.sc, t1 - t0, P.Dv,
+            <uint32_t *>ws.vw, ldv):
+        # pairs of value rows for the pair dot products (a tile holding an inf
+        # or NaN is widened instead: the float32 P.V walks each lane's keys)
+        T.vpairs = 1
+        T.v = <const char *>ws.vw
+        T.vsr = ldv
+        T.vsc = 1
     else:
         T.vnf = widen_tile(P, &P.v, P.vscale, &P.vs, batch_offset(P, &P.vs, U.b) if P.vscale else 0,
                            <floating *>ws.vw, ldv, stored_at(&P.v, vbo), t0, t1 - t0, P.Dv)
@@ -453,6 +498,13 @@ cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_
                                   (<floating *>ws.hif) + c0, nv)
         if U.mode == MODE_WEIGHTS:
             qvec_chunk_weights(P, ws, U, ch, t0, j0, j1, <floating>0)
+        elif T.vpairs:
+            # P against the tile's max, in bfloat16 pairs in place of St; the
+            # factors exp(mt - m) go to mxt (read there as mx first)
+            if floating is float:
+                fa_qvec_softmax_chunk_bd(<float *>(st + c0), ld, j0, j1, (<float *>ws.mt) + c0,
+                                         (<float *>ws.lt) + c0, (<float *>ws.ot) + c0, ld, P.Dv, <const float *>mx,
+                                         <float *>ws.mxt, nv)
         else:
             qvec_softmax_chunk(st + c0, ld, j0, j1, (<floating *>ws.mt) + c0, (<floating *>ws.lt) + c0,
                                (<floating *>ws.ot) + c0, ld, P.Dv if U.need_pv else 0, mx, nv)

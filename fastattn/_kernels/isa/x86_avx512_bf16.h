@@ -18,3 +18,17 @@ static inline fa_v_f fa_bf16_dot2_f(fa_v_f acc, fa_vi_f a, fa_vi_f b)
 {
     return (fa_v_f)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
 }
+
+/* P.V by the pair dot products (bf16_dot.h, FA_HAVE_BF16_PV): the 32-bit word
+ * of lane i holds (lo[i], hi[i]) rounded to bfloat16 to nearest even
+ * (VCVTNE2PS2BF16, then VPERMW interleaves the two halves; NaN stays NaN,
+ * subnormal inputs become 0) */
+#define FA_HAVE_BF16_PV 1
+static inline fa_vi_f fa_bf16_round_pair(fa_v_f lo, fa_v_f hi)
+{
+    /* word 2i <- word i (lo[i]), word 2i + 1 <- word 16 + i (hi[i]) */
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i w = (__m512i)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
+    return (fa_vi_f)_mm512_permutexvar_epi16(idx, w);
+}
