@@ -85,7 +85,8 @@ def _pv_bound(out, want, absw):
 @pytest.mark.parametrize("qs, ks, dv", [((1, 2, 300, 64), (1, 2, 300, 64), 64),     # tiles of 128, 128, 44
                                         ((1, 8, 77, 64), (1, 2, 301, 64), 64),      # GQA, odd Lk
                                         ((2, 3, 130, 48), (2, 3, 257, 48), 33),     # odd Dv, D 48
-                                        ((1, 1, 200, 32), (1, 1, 129, 32), 7)])     # last tile of one key
+                                        ((1, 1, 200, 32), (1, 1, 129, 32), 7),      # last tile of one key
+                                        ((1, 1, 48, 64), (1, 1, 6000, 64), 64)])    # keys split over threads
 def test_bf16_pv_every_option(qs, ks, dv, rng):
     """bfloat16 q, k, v with every option of the forward (masks that cut tiles
     at odd keys, windows, bias, softcap, sinks, lse, a key split): within the
@@ -108,6 +109,20 @@ def test_bf16_pv_every_option(qs, ks, dv, rng):
         fin = np.isfinite(want_lse)
         np.testing.assert_array_equal(fin, np.isfinite(lse))
         assert np.abs(lse[fin] - want_lse[fin]).max() <= 4e-6 * max(1.0, np.abs(want_lse[fin]).max()), kw
+
+
+def test_bf16_pv_varlen(rng):
+    """A packed batch of bfloat16 sequences (causal, sinks): within the rounding of
+    P of the float64 reference, sequence by sequence."""
+    lens = [300, 1, 129, 77]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    q, k, v = (rng.standard_normal((4, cu[-1], 64)).astype(BF16) for _ in range(3))    # (H, total, D)
+    for kw in (dict(causal=True), dict(sinks=rng.standard_normal(4))):
+        got = fastattn.attention_varlen(q, k, v, cu, **kw)
+        want = R.attention_varlen(f64(q), f64(k), f64(v), cu, **kw)
+        absw = R.attention_varlen(f64(q), f64(k), np.abs(f64(v)), cu, **kw)
+        assert got.dtype == BF16
+        assert np.all(_pv_bound(got, want, absw)), kw
 
 
 def test_bf16_pv_strided_values_nonfinite_and_threads(rng):
