@@ -181,8 +181,8 @@ static int fa_pack_value_pairs_bd(const uint16_t *v, int64_t vsr, int64_t vsc, i
 }
 
 /* The online softmax of fa_qvec_softmax_nv for one chunk over rows [j0, j1) of
- * St, with P against each tile's max (above): m moves to the tile max whenever
- * it exceeds m (Ot and l rescaled by exp(m_old - m_new)), f[lane] = exp(mt - m)
+ * St, with P against each tile's max (above): m moves to the tile max as in
+ * fa_qvec_softmax_nv (lazily; Ot and l rescaled by exp(m_old - m_new)), f[lane] = exp(mt - m)
  * is written to f (which may be mx: each vector's max is read before its f is
  * written), and P2 rows [j0 / 2, (j1 + 1) / 2) are written in place of St,
  * probabilities of keys outside [j0, j1) 0.  A lane that sees no key in the
@@ -209,21 +209,35 @@ fa_qvec_softmax_nv_bd(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, 
         }
         const fa_v_f mt = fa_vmax_f(mt0, mt1);
         const fa_v_f mo = fa_load_f(m + v * FA_WF);
-        const fa_v_f mn = fa_select_f(mt > mo, mt, mo);
+        /* the running reference moves lazily, as in fa_qvec_softmax_nv (most
+         * tiles then skip the pass over Ot); P is against mt regardless, and f
+         * = exp(mt - m) <= e^FA_RESCALE_SLACK carries the difference */
+        const fa_v_f mn = fa_select_f(mt > mo + (float)FA_RESCALE_SLACK, mt, mo);
         moved |= mn != mo;
         const fa_v_f mn_safe = fa_select_f(mn == ninf, zero, mn);
         const fa_v_f mt_safe = fa_select_f(mt == ninf, zero, mt);
         alpha[v] = fa_vexp_p_f(mo - mn_safe);
         const fa_v_f fv = fa_vexp_p_f(mt - mn_safe);
         fa_v_f s0 = zero, s1 = zero;
-        for (int64_t p = p0; p < p1; p++) {
-            const int64_t j = 2 * p;
-            const fa_v_f e0 = j >= j0 ? fa_vexp_p_f(fa_load_f(st + j * lds + v * FA_WF) - mt_safe) : zero;
-            const fa_v_f e1 = j + 1 < j1 ? fa_vexp_p_f(fa_load_f(st + (j + 1) * lds + v * FA_WF) - mt_safe)
-                                         : zero;
+        float *col = st + v * FA_WF;
+        int64_t p = p0;
+        if (j0 & 1) {           /* key j0 - 1 is not in the range: P 0 */
+            const fa_v_f e1 = fa_vexp_p_f(fa_load_f(col + j0 * lds) - mt_safe);
+            s1 += e1;
+            fa_store_f(col + p * lds, (fa_v_f)fa_bf16_round_pair(zero, e1));
+            p++;
+        }
+        for (; 2 * p + 2 <= j1; p++) {
+            const fa_v_f e0 = fa_vexp_p_f(fa_load_f(col + 2 * p * lds) - mt_safe);
+            const fa_v_f e1 = fa_vexp_p_f(fa_load_f(col + (2 * p + 1) * lds) - mt_safe);
             s0 += e0;
             s1 += e1;
-            fa_store_f(st + p * lds + v * FA_WF, (fa_v_f)fa_bf16_round_pair(e0, e1));
+            fa_store_f(col + p * lds, (fa_v_f)fa_bf16_round_pair(e0, e1));
+        }
+        if (p < p1) {           /* j1 odd: key j1 is not in the range */
+            const fa_v_f e0 = fa_vexp_p_f(fa_load_f(col + 2 * p * lds) - mt_safe);
+            s0 += e0;
+            fa_store_f(col + p * lds, (fa_v_f)fa_bf16_round_pair(e0, zero));
         }
         fa_store_f(l + v * FA_WF, fa_load_f(l + v * FA_WF) * alpha[v] + fv * (s0 + s1));
         fa_store_f(m + v * FA_WF, mn);
