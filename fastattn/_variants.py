@@ -41,7 +41,7 @@ VARIANTS = {
         # get it by default; FASTATTN_ISA=avx512_bf16 forces it anywhere it runs.
         Variant("avx512_bf16", "x86_avx512_bf16.h", _V4_FLAGS + ("-mavx512bf16",),
                 _X86_V4 + ("avx512bf16",), ("AuthenticAMD",),
-                "x86-64-v4 + AVX512_BF16: bfloat16 Q.K^T by VDPBF16PS pair dot products"),
+                "x86-64-v4 + AVX512_BF16: bfloat16 Q.K^T and P.V by VDPBF16PS pair dot products"),
     ),
     "aarch64": (
         Variant("baseline", "generic.h", (), (), (),
