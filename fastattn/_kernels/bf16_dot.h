@@ -136,8 +136,8 @@ static void fa_qvec_qk_chunk_bd(const uint16_t *k, int64_t ksr, const float *q2,
  * keys).  Measured, the largest probabilities dominate that error, and a
  * probability rounds exactly when it is 1: so here each tile's P is taken
  * against the tile's own max (P = exp(s - mt), its largest exactly 1; the
- * tile's sums enter Ot and l times f = exp(mt - m), m the running max), not
- * against the lazily moved reference of fa_qvec_softmax_nv.  With tiles of
+ * tile's sums enter Ot and l times f = exp(mt - m), m the lazily moved
+ * reference of fa_qvec_softmax_nv), not against m itself.  With tiles of
  * 128 keys the output error is then 1-5 % below torch's on random inputs
  * (docs/kernels.rst, "bfloat16 dot products"); l sums the unrounded P, so lse
  * is the float32 computation's. */
