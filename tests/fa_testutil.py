@@ -74,6 +74,18 @@ def rms_rel_err(a, ref):
     return float(np.sqrt(np.mean(d * d)) / np.sqrt(np.mean(r * r)))
 
 
+def within_bf16_p_rounding(out, want, absw, slack=2e-6):
+    """Elementwise: is out within the rounding of P to bfloat16 of want?  Each
+    probability rounded to bfloat16 (relative error <= 2^-8: 8 significant bits)
+    moves an output by at most 2^-8 * sum_j w_j |v_j| (absw: the attention of
+    |v|) before the output itself rounds once to bfloat16 (<= 2^-8 of its
+    magnitude); slack covers the float32 computation."""
+    err = 2.0 ** -8 * np.asarray(absw, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.abs(np.asarray(out).astype(np.float64) - want) <= err + 2.0 ** -8 * (np.abs(want) + err) + slack
+
+
 def assert_close(actual, ref, dtype=None, tol=None, what="result"):
     """Assert ``actual`` matches ``ref`` within the relative-RMS tolerance of ``dtype``.
 

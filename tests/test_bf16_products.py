@@ -3,14 +3,15 @@ avx512_bf16 / neon_bf16 variants multiply them with pair dot products, other
 variants widen them to float32 first); either way the scores are the float32
 computation of the stored values.  On avx512_bf16 the query-vectorised P.V of
 bfloat16 values uses them too (P rounded to bfloat16 against each tile's max):
-the output within that rounding of the float64 result (_pv_bound), and at least
-as accurate as torch's bfloat16 scaled_dot_product_attention on the same inputs."""
+the output within that rounding of the float64 result
+(fa_testutil.within_bf16_p_rounding), and at least as accurate as torch's
+bfloat16 scaled_dot_product_attention on the same inputs."""
 import numpy as np
 import pytest
 
 import fastattn
 from fastattn import _dispatch
-from fa_testutil import rms_rel_err
+from fa_testutil import rms_rel_err, within_bf16_p_rounding
 from fastattn import reference as R
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -31,8 +32,8 @@ def test_bf16_scores_match_float64(shape, causal, rng):
     # lse carries the scores' float32 rounding only: exact products, float32 sums
     assert np.abs(lse - want_lse).max() <= 4e-6 * max(1.0, np.abs(want_lse).max())
     if _dispatch.VARIANT == "avx512_bf16":
-        # P.V by pair dot products too: P rounded to bfloat16 first (_pv_bound)
-        assert np.all(_pv_bound(o, want, R.attention(f64(q), f64(k), np.abs(f64(v)), causal=causal)))
+        # P.V by pair dot products too: P rounded to bfloat16 first
+        assert np.all(within_bf16_p_rounding(o, want, R.attention(f64(q), f64(k), np.abs(f64(v)), causal=causal)))
     else:
         # the output: float32 result rounded once to bfloat16
         np.testing.assert_allclose(f64(o), want, rtol=2.0 ** -8, atol=2.0 ** -9)
@@ -73,15 +74,6 @@ def test_bf16_error_at_most_torch(shape, causal, qscale, rng):
     assert rel_rms(ours) <= rel_rms(theirs)
 
 
-def _pv_bound(out, want, absw):
-    """P rounded to bfloat16 (relative error <= 2^-8 each: 8 significant bits)
-    moves an output by at most 2^-8 * sum_j w_j |v_j| (absw) from the float32 result; the output then
-    rounds once to bfloat16 (<= 2^-8 of its magnitude)."""
-    err = 2.0 ** -8 * absw
-    with np.errstate(invalid="ignore"):
-        return np.abs(f64(out) - want) <= err + 2.0 ** -8 * (np.abs(want) + err) + 2e-6
-
-
 @pytest.mark.parametrize("qs, ks, dv", [((1, 2, 300, 64), (1, 2, 300, 64), 64),     # tiles of 128, 128, 44
                                         ((1, 8, 77, 64), (1, 2, 301, 64), 64),      # GQA, odd Lk
                                         ((2, 3, 130, 48), (2, 3, 257, 48), 33),     # odd Dv, D 48
@@ -90,7 +82,8 @@ def _pv_bound(out, want, absw):
 def test_bf16_pv_every_option(qs, ks, dv, rng):
     """bfloat16 q, k, v with every option of the forward (masks that cut tiles
     at odd keys, windows, bias, softcap, sinks, lse, a key split): within the
-    rounding of P of the float64 reference (_pv_bound), lse to float32 rounding."""
+    rounding of P of the float64 reference (within_bf16_p_rounding), lse to
+    float32 rounding."""
     q = rng.standard_normal(qs).astype(BF16)
     k = rng.standard_normal(ks).astype(BF16)
     v = rng.standard_normal(ks[:-1] + (dv,)).astype(BF16)
@@ -105,7 +98,7 @@ def test_bf16_pv_every_option(qs, ks, dv, rng):
         want, want_lse = R.attention(f64(q), f64(k), f64(v), return_lse=True, **kw)
         absw = R.attention(f64(q), f64(k), np.abs(f64(v)), **kw)
         assert out.dtype == BF16, kw
-        assert np.all(_pv_bound(out, want, absw)), kw
+        assert np.all(within_bf16_p_rounding(out, want, absw)), kw
         fin = np.isfinite(want_lse)
         np.testing.assert_array_equal(fin, np.isfinite(lse))
         assert np.abs(lse[fin] - want_lse[fin]).max() <= 4e-6 * max(1.0, np.abs(want_lse[fin]).max()), kw
@@ -122,7 +115,7 @@ def test_bf16_pv_varlen(rng):
         want = R.attention_varlen(f64(q), f64(k), f64(v), cu, **kw)
         absw = R.attention_varlen(f64(q), f64(k), np.abs(f64(v)), cu, **kw)
         assert got.dtype == BF16
-        assert np.all(_pv_bound(got, want, absw)), kw
+        assert np.all(within_bf16_p_rounding(got, want, absw)), kw
 
 
 def test_bf16_pv_strided_values_nonfinite_and_threads(rng):
@@ -135,7 +128,7 @@ def test_bf16_pv_strided_values_nonfinite_and_threads(rng):
     k = rng.standard_normal((1, 2, 300, 64)).astype(BF16)
     want = R.attention(f64(q), f64(k), f64(v))
     out = fastattn.attention(q, k, v)
-    assert np.all(_pv_bound(out, want, R.attention(f64(q), f64(k), np.abs(f64(v)))))
+    assert np.all(within_bf16_p_rounding(out, want, R.attention(f64(q), f64(k), np.abs(f64(v)))))
     np.testing.assert_array_equal(out, fastattn.attention(q, k, np.ascontiguousarray(v)))
     vn = np.ascontiguousarray(v)
     vn[0, 0, 250, 3] = np.inf
@@ -147,7 +140,7 @@ def test_bf16_pv_strided_values_nonfinite_and_threads(rng):
         np.testing.assert_array_equal(np.isposinf(f64(got)), np.isposinf(ref))
         fin = np.isfinite(ref)
         absw = R.attention(f64(q), f64(k), np.abs(f64(np.where(np.isfinite(f64(vn)), f64(vn), 0))), causal=causal)
-        assert np.all(_pv_bound(got, ref, absw)[fin])
+        assert np.all(within_bf16_p_rounding(got, ref, absw)[fin])
     np.testing.assert_array_equal(fastattn.attention(q, k, vn, num_threads=1),
                                   fastattn.attention(q, k, vn, num_threads=2))
 

@@ -13,6 +13,7 @@ import pytest
 import fastattn
 from fastattn import _dispatch
 from fastattn import reference as R
+from fa_testutil import within_bf16_p_rounding
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -112,8 +113,7 @@ def test_all_half_inputs_give_half_outputs_rounded_once(half, rng):
             # output moves by at most 2^-8 * sum_j w_j |v_j| from the float32
             # result, then rounds once (half an ulp: <= 2^-8 of its magnitude)
             absw = R.attention(f64(q), f64(k), np.abs(f64(v)), bias=f64(bias), causal="bottom_right")
-            err = 2.0 ** -8 * absw
-            assert np.all(np.abs(f64(out) - want) <= err + 2.0 ** -8 * (np.abs(want) + err) + 1e-5)
+            assert np.all(within_bf16_p_rounding(out, want, absw, slack=1e-5))
             continue
         # rounding the float32 result once: at most half an ulp of the half type
         # beyond the float32 error
@@ -153,8 +153,7 @@ def test_half_outputs_written_by_the_kernels(half, rng):
             absw = fastattn.attention(q.astype(np.float32), k, np.abs(f64(v)).astype(np.float32),
                                       kv_lengths=lengths)
             f32 = f64(fastattn.attention(q.astype(np.float32), k, v, kv_lengths=lengths))
-            err = 2.0 ** -8 * f64(absw)
-            assert np.all(np.abs(f64(got) - f32) <= err + 2.0 ** -8 * (np.abs(f32) + err) + 1e-6)
+            assert np.all(within_bf16_p_rounding(got, f32, absw, slack=1e-6))
             want = got
         np.testing.assert_array_equal(got, want)
         out = np.full(qs, np.nan, half)
