@@ -123,8 +123,9 @@ static void fa_qvec_qk_chunk_bd(const uint16_t *k, int64_t ksr, const float *q2,
 }
 
 #if defined(FA_HAVE_BF16_PV)
-/* P.V by the same pair dot products (targets that define FA_HAVE_BF16_PV and
- * fa_bf16_round_pair: x86 AVX512_BF16).  The query-vectorised unit's tile of
+/* P.V by the same pair dot products (targets that define FA_HAVE_BF16_PV,
+ * fa_bf16_round_pair, fa_bf16_pack_pairs and FA_BF16_PACK_COLS: x86 AVX512_BF16).
+ * The query-vectorised unit's tile of
  * P (St[j][lane], float) becomes pairs of bfloat16 probabilities in place --
  * P2[p][lane] = (P[2p][lane], P[2p + 1][lane]) in the 32-bit word of row p of
  * St -- and the value tile becomes pairs of rows, V2[p][c] = (v[2p][c],
@@ -160,6 +161,8 @@ static int fa_pack_value_pairs_bd(const uint16_t *v, int64_t vsr, int64_t vsc, i
         uint32_t *d = v2 + p * ld;
         int64_t c = 0;
         if (vsc == 1) {
+            for (; c + FA_BF16_PACK_COLS <= Dv; c += FA_BF16_PACK_COLS)
+                nf |= fa_bf16_pack_pairs(r0 + c, r1 ? r1 + c : NULL, d + c);
             for (; c + WW <= Dv; c += WW) {
                 u16v a, b = (u16v){0};
                 memcpy(&a, r0 + c, sizeof a);
