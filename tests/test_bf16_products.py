@@ -52,6 +52,45 @@ def test_bf16_keys_strided_and_mixed(rng):
         np.testing.assert_allclose(lse, R.attention(f64(q), f64(k), f64(v), return_lse=True)[1], rtol=2e-6)
 
 
+@pytest.mark.parametrize("qs, ks, vdt", [((2, 32, 1, 128), (2, 8, 700, 128), BF16),   # GQA decode, groups of 4
+                                         ((1, 16, 1, 64), (1, 2, 333, 64), BF16),    # groups of 8
+                                         ((1, 4, 5, 64), (1, 4, 300, 64), BF16),     # 5 draft rows: 4 + 1
+                                         ((1, 2, 12, 32), (1, 1, 129, 32), BF16),    # 24 rows of a group
+                                         ((1, 3, 1, 32), (1, 3, 257, 32), np.float32),  # one row, not fused
+                                         ((1, 6, 2, 62), (1, 3, 100, 62), BF16)])    # D 62: widened keys
+@pytest.mark.parametrize("opts", [{}, {"causal": True, "align": "bottom_right"}, {"window": (40, 0)},
+                                  {"softcap": 5.0, "scale": 0.3}, {"kv_lengths": "half"}, {"sinks": True},
+                                  {"return_weights": True}, {"num_threads": 1}, {"num_threads": 2}])
+def test_bf16_few_rows_scores(qs, ks, vdt, opts, rng):
+    """Units of a few rows (decode, GQA groups, draft tokens): on avx512_bf16 their
+    scores of bfloat16 queries and keys come from pair dot products on the key
+    rows in place (fa_qk_rows_bd), elsewhere from widened keys; either way exact
+    products summed in float32, so lse is the float64 one to float32 rounding,
+    under every option, split over threads or not."""
+    q = rng.standard_normal(qs).astype(BF16)
+    k = rng.standard_normal(ks).astype(BF16)
+    v = rng.standard_normal(ks[:-1] + (ks[-1] + 2,)).astype(vdt)
+    kw = dict(opts)
+    if kw.get("kv_lengths") == "half":
+        kw["kv_lengths"] = np.arange(1, qs[0] + 1) * ks[2] // (qs[0] + 1)
+    if kw.get("sinks"):
+        kw["sinks"] = rng.standard_normal(qs[1]).astype(np.float32)
+    weights = kw.pop("return_weights", False)
+    res = fastattn.attention(q, k, v, return_lse=True, return_weights=weights, **kw)
+    kw.pop("num_threads", None)
+    want = R.attention(f64(q), f64(k), f64(v), return_lse=True, return_weights=weights, **kw)
+    out, lse = res[0], res[-1]
+    fin = np.isfinite(want[-1])
+    assert np.array_equal(fin, np.isfinite(lse))
+    assert np.abs(lse - want[-1])[fin].max() <= 4e-6 * max(1.0, np.abs(want[-1][fin]).max())
+    if out.dtype == BF16:
+        np.testing.assert_allclose(f64(out), want[0], rtol=2.0 ** -8, atol=2.0 ** -9)
+    else:
+        np.testing.assert_allclose(out, want[0], rtol=1e-5, atol=2e-6)
+    if weights:
+        np.testing.assert_allclose(f64(res[1]), want[1], rtol=2.0 ** -8, atol=1e-6)
+
+
 @pytest.mark.parametrize("shape, causal, qscale", [((1, 8, 512, 64), True, 1.0), ((1, 8, 1024, 64), False, 1.0),
                                                     ((1, 4, 1024, 128), False, 1.0), ((1, 8, 1024, 64), False, 3.0),
                                                     ((1, 8, 1024, 64), True, 0.2), ((2, 4, 700, 64), True, 1.0)])

@@ -366,8 +366,92 @@ static inline void fa_qk_block_bd(const uint16_t *q2, int64_t ldq, const uint32_
     }
 }
 
+
+/* The few-rows unit's scores (decode, GQA groups, draft tokens) of bfloat16
+ * queries and keys read in place: S[i][j] = scale * (q2[i] . k[j]) for i < nr,
+ * j < n, as fa_qk_rows (stored_reads.h) does with widened keys, but lanes over
+ * pairs of d: one instruction multiplies FA_WF pairs of a key row with the same
+ * pairs of a query row (exact products, float32 sums), R rows by G keys of
+ * accumulators, each reduced across its lanes at the end (fa_transpose_add_f).
+ * No widening: a key vector of 2 FA_WF elements feeds R instructions, against
+ * one widening and R FMAs per FA_WF elements.  q2: bfloat16 rows ldq elements
+ * apart, unscaled, zeros up to nr rounded up to FA_BD_QKR_MAX rows; D a multiple
+ * of 2 FA_WF (whole vectors: the unit checks).  Key rows ksr elements apart;
+ * each 64-byte line requested into L2 FA_PF_L2_BYTES ahead (the keys stream
+ * from memory or L3). */
+#define FA_BD_QKR_ACC (FA_QK_PAIRS_W * FA_WF)
+#define FA_BD_QKR_MAX (FA_BD_QKR_ACC < 8 ? FA_BD_QKR_ACC : 8)
+static inline __attribute__((always_inline)) void
+fa_qk_pass_bd(const uint16_t *restrict q2, int64_t ldq, const int R, int nrow, int64_t D,
+              const uint16_t *restrict kg, int64_t ksr, int nk, int64_t pf, float scale, float *restrict s,
+              int64_t lds)
+{
+    const int G = FA_BD_QKR_ACC / R;
+    fa_v_f r[FA_BD_QKR_ACC];
+    FA_UNROLL for (int x = 0; x < FA_BD_QKR_ACC; x++) r[x] = fa_set1_f(0);
+    for (int64_t d = 0; d < D; d += 2 * FA_WF) {
+        fa_vi_f kv[FA_BD_QKR_ACC];
+        FA_UNROLL for (int u = 0; u < G; u++)
+            if (u < nk) {
+                if (pf) fa_prefetch_at(kg + (u + pf) * ksr + d, 1);
+                memcpy(&kv[u], kg + u * ksr + d, sizeof kv[u]);
+            }
+        FA_UNROLL for (int i = 0; i < R; i++) {
+            fa_vi_f qv;
+            memcpy(&qv, q2 + i * ldq + d, sizeof qv);
+            FA_UNROLL for (int u = 0; u < G; u++)
+                if (u < nk) r[i * G + u] = fa_bf16_dot2_f(r[i * G + u], qv, kv[u]);
+        }
+    }
+    float t[FA_BD_QKR_ACC];
+    FA_UNROLL for (int b = 0; b < FA_BD_QKR_ACC / FA_WF; b++) {
+        fa_transpose_add_f(r + b * FA_WF);
+        fa_store_f(t + b * FA_WF, r[b * FA_WF] * scale);
+    }
+    for (int i = 0; i < nrow; i++)
+        for (int u = 0; u < nk; u++) s[i * lds + u] = t[i * G + u];
+}
+
+static inline __attribute__((always_inline)) void
+fa_qk_rows_r_bd(const uint16_t *q2, int64_t ldq, const int R, int nrow, int64_t D, const uint16_t *k,
+                int64_t ksr, int64_t n, int64_t pf, float scale, float *s, int64_t lds)
+{
+    const int G = FA_BD_QKR_ACC / R;
+    int64_t j = 0;
+    for (; j + G <= n; j += G)
+        fa_qk_pass_bd(q2, ldq, R, nrow, D, k + j * ksr, ksr, G, pf, scale, s + j, lds);
+    if (j < n)
+        fa_qk_pass_bd(q2, ldq, R, nrow, D, k + j * ksr, ksr, (int)(n - j), 0, scale, s + j, lds);
+}
+
+static void fa_qk_rows_bd(const uint16_t *q2, int64_t ldq, int64_t nr, int64_t D, const uint16_t *k,
+                          int64_t ksr, int64_t n, float scale, float *s, int64_t lds)
+{
+    const int64_t pfr = FA_PF_L2_BYTES / (2 * (D > 0 ? D : 1));
+    for (int64_t i0 = 0; i0 < nr; i0 += FA_BD_QKR_MAX) {
+        const int rows = nr - i0 < FA_BD_QKR_MAX ? (int)(nr - i0) : FA_BD_QKR_MAX;
+        const uint16_t *q = q2 + i0 * ldq;
+        float *si = s + i0 * lds;
+        const int64_t pf = i0 == 0 ? (pfr > 1 ? pfr : 1) : 0;     /* the first block streams */
+        if (rows <= 1)
+            fa_qk_rows_r_bd(q, ldq, 1, rows, D, k, ksr, n, pf, scale, si, lds);
+        else if (rows <= 2 || FA_BD_QKR_MAX < 4)
+            fa_qk_rows_r_bd(q, ldq, 2, rows, D, k, ksr, n, pf, scale, si, lds);
+        else if (rows <= 4 || FA_BD_QKR_MAX < 8)
+            fa_qk_rows_r_bd(q, ldq, FA_BD_QKR_MAX >= 4 ? 4 : 2, rows, D, k, ksr, n, pf, scale, si, lds);
+        else
+            fa_qk_rows_r_bd(q, ldq, FA_BD_QKR_MAX >= 8 ? 8 : 2, rows, D, k, ksr, n, pf, scale, si, lds);
+    }
+}
+
 #else
 #define FA_BF16_DOT 0
+#define FA_BD_QKR_MAX 8
+static inline void fa_qk_rows_bd(const uint16_t *q2, int64_t ldq, int64_t nr, int64_t D, const uint16_t *k,
+                                 int64_t ksr, int64_t n, float scale, float *s, int64_t lds)
+{
+    (void)q2; (void)ldq; (void)nr; (void)D; (void)k; (void)ksr; (void)n; (void)scale; (void)s; (void)lds;
+}
 #define FA_BD_NR (FA_QK_NV * FA_WF)
 static inline void fa_qk_block_bd(const uint16_t *q2, int64_t ldq, const uint32_t *kt2, int64_t D2, float scale,
                                   float *s, int64_t lds, int64_t c0, int64_t e)

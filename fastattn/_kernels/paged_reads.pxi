@@ -147,7 +147,8 @@ cdef void paged_pv_qk(const Plan *P, int64_t kbo, int64_t vbo, const floating *p
                 stored_pv_qk_row1(P.v.store, p + (tv - t0), vrow, P.v.sr, 0, xv - tv, o, dvp // W, qp, P.Dk, krow,
                                   P.k.sr, xk - tk, sn + (tk - t1))
             else:
-                pv_qk_chunks(P, p + (tv - t0), nr, vrow, 0, xv - tv, o, dvp, qp, krow, xk - tk, sn + (tk - t1))
+                pv_qk_chunks(P, p + (tv - t0), nr, vrow, 0, xv - tv, o, dvp, qp, 0, krow, xk - tk,
+                             sn + (tk - t1))
         tv = xv
         tk = xk
 

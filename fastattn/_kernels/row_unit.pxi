@@ -51,8 +51,20 @@ cdef inline void rows_key_span(const Workspace *ws, int64_t i0, int64_t i1, int6
             a[0] = min(a[0], max(ws.lo[i] - t0, 0))
             e[0] = max(e[0], min(ws.hi[i] - t0, n))
 
+cdef inline void unit_qk_rows(const Plan *P, bint bdqk, const floating *qp, int64_t nr, const char *k, int64_t n,
+                              floating *s) noexcept nogil:
+    """The scores of a few-rows unit's nr rows against n key rows at k (read in
+    place), BLOCK_K apart in s: by pair dot products where bdqk (row_bf16_dot; qp
+    then holds the bfloat16 query rows), else from the packed rows qp."""
+    if bdqk:
+        if floating is float:
+            fa_qk_rows_bd(<const uint16_t *>qp, P.Dk, nr, P.Dk, <const uint16_t *>k, P.k.sr, n, <float>P.scale,
+                          s, BLOCK_K)
+    else:
+        stored_qk_rows(P.k.store, qp, P.Dk, nr, P.Dk, k, P.k.sr, n, s, BLOCK_K)
+
 cdef inline void pv_qk_chunks(const Plan *P, const floating *p, int64_t nr, const char *v, int64_t a,
-                              int64_t e, floating *o, int64_t dvp, const floating *qp,
+                              int64_t e, floating *o, int64_t dvp, const floating *qp, bint bdqk,
                               const char *kn, int64_t nn, floating *sn) noexcept nogil:
     """O += P . V over keys [a, e) of this tile (rows BLOCK_K apart in p; value rows
     v stored in place) and the scores of the next tile's first nn keys (kn, stored
@@ -71,8 +83,7 @@ cdef inline void pv_qk_chunks(const Plan *P, const floating *p, int64_t nr, cons
             stored_pv_rows(P.v.store, p, BLOCK_K, nr, v, P.v.sr, x0, x1, o, dvp, dvp // W)
         x1 = nn if nn < c1 else c1
         if c < x1:
-            stored_qk_rows(P.k.store, qp, P.Dk, nr, P.Dk, kn + c * P.k.sr * P.k.item, P.k.sr, x1 - c, sn + c,
-                           BLOCK_K)
+            unit_qk_rows(P, bdqk, qp, nr, kn + c * P.k.sr * P.k.item, x1 - c, sn + c)
         c = c1
 
 cdef struct RowUnit:
@@ -86,11 +97,24 @@ cdef struct RowUnit:
     int k_in_place, v_in_place # keys / values read where they are stored (no packing)
     int kq_in_place, vq_in_place   # QuantizedKV keys / values read in place (few rows: quantized_in_place)
     int fuse                   # each tile's P.V pass also computes the next tile's scores
+    int bdqk                   # scores by bfloat16 pair dot products (row_bf16_dot; Qp holds bfloat16 rows)
     int lockstep               # driven tile by tile beside the other heads of a paged block (paged_heads.pxi)
     int need_pv                # a pass that accumulates P.V (all but MODE_STATS)
     int needs_options          # softcap, bias, ALiBi or a mask
     char *s                    # this tile's scores, BLOCK_K apart
     char *s2                   # the next tile's scores when fusing (swapped with s per tile)
+
+
+cdef inline bint row_bf16_dot(const Plan *P, const RowUnit *U, floating dummy) noexcept nogil:
+    """Scores of a few-rows unit by bfloat16 pair dot products (fa_qk_rows_bd): float
+    compute on a target with them, bfloat16 queries and keys, the keys read in
+    place (unit_qk_rows; not paged, no key scales; a fused unit of one row reads
+    them in fa_pv_qk_row1 instead), whole vectors of pairs per row.  The products
+    are exact and the scale multiplies the sums, as in the query-vectorised
+    unit's qvec_bf16_dot."""
+    return (floating is float and FA_BF16_DOT != 0 and P.q.store == STORE_BF16 and P.k.store == STORE_BF16
+            and U.k_in_place and not (U.fuse and U.nr == 1) and not U.lockstep and P.pages == NULL
+            and P.kscale == SCALE_NONE and P.Dk > 0 and P.Dk % (FA_VBYTES // 2) == 0)
 
 
 cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *stats) noexcept nogil:
@@ -131,6 +155,7 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
     # by the shape, never by the thread count).  The next scores go to rows
     # past the unit's own in the score buffer (FEW_MAX_ROWS of them are reserved).
     U.fuse = U.few and U.k_in_place and U.v_in_place and U.need_pv and P.k.store == P.v.store and not U.lockstep
+    U.bdqk = row_bf16_dot(P, U, <floating>0)
     U.s = <char *>s
     U.s2 = <char *>(s + rows_alloc(nr) * BLOCK_K)
 
@@ -139,8 +164,13 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
     # row each: the fixed cost of a unit is most of such a call).  Query rows:
     # fa_qk_rows (keys in place) reads blocks of up to 8 rows, each padded to a
     # power of two, and a single row alone; fa_qk_block whole blocks of FA_QK_MR.
-    pack_q(P, ws, stored_at(&P.q, batch_offset(P, &P.q, U.b)), U.b, nr,
-           (1 if nr == 1 else round_up(nr, 8)) if U.k_in_place else rows_alloc(nr), <floating>0)
+    if U.bdqk:
+        # the query rows as stored (bfloat16, unscaled), zeros up to whole blocks of fa_qk_rows_bd
+        fa_pack_rows_bd(<const uint16_t *>stored_at(&P.q, batch_offset(P, &P.q, U.b)), ws.qoff, P.q.sc, nr,
+                        P.Dk, <uint16_t *>ws.qp, P.Dk, round_up(nr, FA_BD_QKR_MAX))
+    else:
+        pack_q(P, ws, stored_at(&P.q, batch_offset(P, &P.q, U.b)), U.b, nr,
+               (1 if nr == 1 else round_up(nr, 8)) if U.k_in_place else rows_alloc(nr), <floating>0)
     # The packed P.V kernel (fa_pv_block) runs whole blocks of FA_PV_MR rows, so it
     # also reads the probability rows nr..Rp-1, which the QK kernel may never
     # write: zeros, not whatever the workspace held (subnormal garbage made every
@@ -166,8 +196,8 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
     if U.fuse and U.lo_all < U.hi_all and P.pages != NULL:
         paged_qk_rows(P, <floating *>ws.qp, nr, U.kbo, U.lo_all, min(BLOCK_K, U.hi_all - U.lo_all), U.hi_all, s)
     elif U.fuse and U.lo_all < U.hi_all:
-        stored_qk_rows(P.k.store, <floating *>ws.qp, P.Dk, nr, P.Dk, stored_at(&P.k, U.kbo + U.lo_all * P.k.sr),
-                       P.k.sr, min(BLOCK_K, U.hi_all - U.lo_all), s, BLOCK_K)
+        unit_qk_rows(P, U.bdqk, <floating *>ws.qp, nr, stored_at(&P.k, U.kbo + U.lo_all * P.k.sr),
+                     min(BLOCK_K, U.hi_all - U.lo_all), s)
 
 
 cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t t0, int64_t n,
@@ -220,7 +250,7 @@ cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t
     elif U.k_in_place and not U.fuse and P.pages != NULL:
         paged_qk_rows(P, qp, nr, U.kbo, t0, n, U.hi_all, s)
     elif U.k_in_place and not U.fuse:
-        stored_qk_rows(P.k.store, qp, Dk, nr, Dk, kbase + t0 * P.k.sr * P.k.item, P.k.sr, n, s, BLOCK_K)
+        unit_qk_rows(P, U.bdqk, qp, nr, kbase + t0 * P.k.sr * P.k.item, n, s)
     while i0 < nr:
         rows_key_span(ws, i0, min(i0 + FA_QK_MR, nr), t0, n, &a, &e)
         if a < e:
@@ -342,7 +372,7 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, int vstore, cons
                 if nr == 1:
                     stored_pv_qk_row1(vstore, s, vsrc, ldv, a, e, o, dvp // W, qp, Dk, kn, P.k.sr, nn, s2)
                 else:
-                    pv_qk_chunks(P, s, nr, vsrc, a, e, o, dvp, qp, kn, nn, s2)
+                    pv_qk_chunks(P, s, nr, vsrc, a, e, o, dvp, qp, U.bdqk, kn, nn, s2)
             elif U.vq_in_place:
                 pv_rows_quantized(P, s, nr, U.b, t0, a, e, o, dvp)
             else:
