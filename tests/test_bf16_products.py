@@ -91,6 +91,33 @@ def test_bf16_few_rows_scores(qs, ks, vdt, opts, rng):
         np.testing.assert_allclose(f64(res[1]), want[1], rtol=2.0 ** -8, atol=1e-6)
 
 
+@pytest.mark.parametrize("bs", [1, 7, 16])
+@pytest.mark.parametrize("lq, g", [(1, 4), (1, 1), (3, 2)], ids=["decode-gqa", "decode", "draft-gqa"])
+def test_bf16_paged_few_rows_scores(bs, lq, g, rng):
+    """Paged bfloat16 caches in shuffled blocks: the few-rows units (their heads in
+    lockstep, keys read run by run) take the pair-dot-product scores on
+    avx512_bf16 as the contiguous ones do; lse to float32 rounding."""
+    lens = np.array([lq, 2 * bs + 5, 333, lq + 40])
+    hkv, d = 2, 64
+    need = -(-lens // bs)
+    nb = int(need.sum()) + 2
+    kc, vc = (rng.standard_normal((nb, hkv, bs, d)).astype(BF16) for _ in range(2))
+    order = rng.permutation(nb)
+    table = np.zeros((len(lens), int(need.max())), np.int32)
+    used = 0
+    for s, n in enumerate(need):
+        table[s, :n] = order[used:used + n]
+        used += n
+    q = rng.standard_normal((len(lens), hkv * g, lq, d)).astype(BF16)
+    for kw in ({}, {"causal": "bottom_right"}, {"softcap": 3.0, "scale": 0.2},
+               {"causal": "bottom_right", "window": (9, 0)}, {"num_threads": 1}):
+        out, lse = fastattn.attention_paged(q, kc, vc, table, lens, return_lse=True, **kw)
+        kw.pop("num_threads", None)
+        want, want_lse = R.attention_paged(f64(q), f64(kc), f64(vc), table, lens, return_lse=True, **kw)
+        assert np.abs(lse - want_lse).max() <= 4e-6 * max(1.0, np.abs(want_lse).max())
+        np.testing.assert_allclose(f64(out), want, rtol=2.0 ** -8, atol=2.0 ** -9)
+
+
 @pytest.mark.parametrize("shape, causal, qscale", [((1, 8, 512, 64), True, 1.0), ((1, 8, 1024, 64), False, 1.0),
                                                     ((1, 4, 1024, 128), False, 1.0), ((1, 8, 1024, 64), False, 3.0),
                                                     ((1, 8, 1024, 64), True, 0.2), ((2, 4, 700, 64), True, 1.0)])

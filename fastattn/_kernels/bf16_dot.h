@@ -378,7 +378,8 @@ static inline void fa_qk_block_bd(const uint16_t *q2, int64_t ldq, const uint32_
  * apart, unscaled, zeros up to nr rounded up to FA_BD_QKR_MAX rows; D a multiple
  * of 2 FA_WF (whole vectors: the unit checks).  Key rows ksr elements apart;
  * each 64-byte line requested into L2 FA_PF_L2_BYTES ahead (the keys stream
- * from memory or L3). */
+ * from memory or L3), or pfo rows ahead where pfo is not FA_PF_AUTO (a paged
+ * cache's next block: next_run_rows; 0 none), as fa_qk_rows. */
 #define FA_BD_QKR_ACC (FA_QK_PAIRS_W * FA_WF)
 #define FA_BD_QKR_MAX (FA_BD_QKR_ACC < 8 ? FA_BD_QKR_ACC : 8)
 static inline __attribute__((always_inline)) void
@@ -425,14 +426,15 @@ fa_qk_rows_r_bd(const uint16_t *q2, int64_t ldq, const int R, int nrow, int64_t 
 }
 
 static void fa_qk_rows_bd(const uint16_t *q2, int64_t ldq, int64_t nr, int64_t D, const uint16_t *k,
-                          int64_t ksr, int64_t n, float scale, float *s, int64_t lds)
+                          int64_t ksr, int64_t n, float scale, float *s, int64_t lds, int64_t pfo)
 {
-    const int64_t pfr = FA_PF_L2_BYTES / (2 * (D > 0 ? D : 1));
+    const int64_t pfa = FA_PF_L2_BYTES / (2 * (D > 0 ? D : 1));
+    const int64_t pfr = pfo != FA_PF_AUTO ? pfo : pfa > 1 ? pfa : 1;
     for (int64_t i0 = 0; i0 < nr; i0 += FA_BD_QKR_MAX) {
         const int rows = nr - i0 < FA_BD_QKR_MAX ? (int)(nr - i0) : FA_BD_QKR_MAX;
         const uint16_t *q = q2 + i0 * ldq;
         float *si = s + i0 * lds;
-        const int64_t pf = i0 == 0 ? (pfr > 1 ? pfr : 1) : 0;     /* the first block streams */
+        const int64_t pf = i0 == 0 ? pfr : 0;     /* the first block streams */
         if (rows <= 1)
             fa_qk_rows_r_bd(q, ldq, 1, rows, D, k, ksr, n, pf, scale, si, lds);
         else if (rows <= 2 || FA_BD_QKR_MAX < 4)
@@ -448,9 +450,10 @@ static void fa_qk_rows_bd(const uint16_t *q2, int64_t ldq, int64_t nr, int64_t D
 #define FA_BF16_DOT 0
 #define FA_BD_QKR_MAX 8
 static inline void fa_qk_rows_bd(const uint16_t *q2, int64_t ldq, int64_t nr, int64_t D, const uint16_t *k,
-                                 int64_t ksr, int64_t n, float scale, float *s, int64_t lds)
+                                 int64_t ksr, int64_t n, float scale, float *s, int64_t lds, int64_t pfo)
 {
     (void)q2; (void)ldq; (void)nr; (void)D; (void)k; (void)ksr; (void)n; (void)scale; (void)s; (void)lds;
+    (void)pfo;
 }
 #define FA_BD_NR (FA_QK_NV * FA_WF)
 static inline void fa_qk_block_bd(const uint16_t *q2, int64_t ldq, const uint32_t *kt2, int64_t D2, float scale,

@@ -104,7 +104,7 @@ cdef extern from "simd.h" nogil:
                          uint16_t *dst, int64_t ld, int64_t npad)
     int FA_BD_QKR_MAX
     void fa_qk_rows_bd(const uint16_t *q2, int64_t ldq, int64_t nr, int64_t D, const uint16_t *k, int64_t ksr,
-                       int64_t n, float scale, float *s, int64_t lds)
+                       int64_t n, float scale, float *s, int64_t lds, int64_t pfo)
     void fa_pack_key_pairs_bd(const uint16_t *base, const int64_t *off, int64_t sc, int64_t n, int64_t D,
                               uint32_t *kt2)
     int FA_BF16_PV

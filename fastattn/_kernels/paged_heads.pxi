@@ -44,9 +44,8 @@ cdef inline void lockstep_scores(const Plan *P, Workspace **ws, RowUnit *U, int6
         for h in range(nh):
             if scales_ahead:
                 prefetch_head_scales(P, ksoff[h], vsoff[h], t + BLOCK_K, min(x + BLOCK_K, hi_all))
-            stored_qk_rows_po(P.k.store, <floating *>ws[h].qp, P.Dk, nr, P.Dk,
-                              stored_at(&P.k, U[h].kbo + row_at(P, &P.k, t)), P.k.sr, x - t,
-                              (<floating *>U[h].s) + (t - t0), BLOCK_K, pfo)
+            unit_qk_rows(P, U[h].bdqk, <floating *>ws[h].qp, nr, stored_at(&P.k, U[h].kbo + row_at(P, &P.k, t)),
+                         x - t, (<floating *>U[h].s) + (t - t0), pfo)
         t = x
 
 

@@ -101,24 +101,23 @@ cdef inline int64_t run_pfo(const Plan *P, const Operand *op, int64_t bo, int64_
     return pfo
 
 
-cdef void paged_qk_rows(const Plan *P, const floating *qp, int64_t nr, int64_t kbo, int64_t t0, int64_t n,
-                        int64_t lim, floating *s) noexcept nogil:
+cdef void paged_qk_rows(const Plan *P, bint bdqk, const floating *qp, int64_t nr, int64_t kbo, int64_t t0,
+                        int64_t n, int64_t lim, floating *s) noexcept nogil:
     """Scores of nr packed query rows against keys t0..t0+n-1 read in place (s
-    rows BLOCK_K apart), one stored_qk_rows call per run; keys up to lim are
-    requested a run ahead."""
+    rows BLOCK_K apart), one unit_qk_rows call per run (bdqk: row_bf16_dot); keys
+    up to lim are requested a run ahead."""
     cdef int64_t t = t0, e
     cdef int64_t pfo
     while t < t0 + n:
         e = run_end(P, t, t0 + n)
         pfo = run_pfo(P, &P.k, kbo, t, e, lim, P.Dk)
-        stored_qk_rows_po(P.k.store, qp, P.Dk, nr, P.Dk, stored_at(&P.k, kbo + row_at(P, &P.k, t)), P.k.sr, e - t,
-                          s + (t - t0), BLOCK_K, pfo)
+        unit_qk_rows(P, bdqk, qp, nr, stored_at(&P.k, kbo + row_at(P, &P.k, t)), e - t, s + (t - t0), pfo)
         t = e
 
 
 cdef void paged_pv_qk(const Plan *P, int64_t kbo, int64_t vbo, const floating *p, int64_t nr, int64_t t0,
-                      int64_t a, int64_t e, floating *o, int64_t dvp, const floating *qp, int64_t t1, int64_t nn,
-                      floating *sn, int64_t lim) noexcept nogil:
+                      int64_t a, int64_t e, floating *o, int64_t dvp, const floating *qp, bint bdqk, int64_t t1,
+                      int64_t nn, floating *sn, int64_t lim) noexcept nogil:
     """O += P . V over keys t0+a..t0+e-1 (p rows BLOCK_K apart, indexed from t0)
     and, with nn > 0, the scores of the next tile's keys t1..t1+nn-1 into sn:
     the value runs and the next tile's key runs side by side, one fused reader
@@ -147,7 +146,7 @@ cdef void paged_pv_qk(const Plan *P, int64_t kbo, int64_t vbo, const floating *p
                 stored_pv_qk_row1(P.v.store, p + (tv - t0), vrow, P.v.sr, 0, xv - tv, o, dvp // W, qp, P.Dk, krow,
                                   P.k.sr, xk - tk, sn + (tk - t1))
             else:
-                pv_qk_chunks(P, p + (tv - t0), nr, vrow, 0, xv - tv, o, dvp, qp, 0, krow, xk - tk,
+                pv_qk_chunks(P, p + (tv - t0), nr, vrow, 0, xv - tv, o, dvp, qp, bdqk, krow, xk - tk,
                              sn + (tk - t1))
         tv = xv
         tk = xk

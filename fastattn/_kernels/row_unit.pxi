@@ -52,16 +52,17 @@ cdef inline void rows_key_span(const Workspace *ws, int64_t i0, int64_t i1, int6
             e[0] = max(e[0], min(ws.hi[i] - t0, n))
 
 cdef inline void unit_qk_rows(const Plan *P, bint bdqk, const floating *qp, int64_t nr, const char *k, int64_t n,
-                              floating *s) noexcept nogil:
+                              floating *s, int64_t pfo) noexcept nogil:
     """The scores of a few-rows unit's nr rows against n key rows at k (read in
     place), BLOCK_K apart in s: by pair dot products where bdqk (row_bf16_dot; qp
-    then holds the bfloat16 query rows), else from the packed rows qp."""
+    then holds the bfloat16 query rows), else from the packed rows qp; the key
+    rows requested pfo rows on (FA_PF_AUTO: the kernel's distance)."""
     if bdqk:
         if floating is float:
             fa_qk_rows_bd(<const uint16_t *>qp, P.Dk, nr, P.Dk, <const uint16_t *>k, P.k.sr, n, <float>P.scale,
-                          s, BLOCK_K)
+                          s, BLOCK_K, pfo)
     else:
-        stored_qk_rows(P.k.store, qp, P.Dk, nr, P.Dk, k, P.k.sr, n, s, BLOCK_K)
+        stored_qk_rows_po(P.k.store, qp, P.Dk, nr, P.Dk, k, P.k.sr, n, s, BLOCK_K, pfo)
 
 cdef inline void pv_qk_chunks(const Plan *P, const floating *p, int64_t nr, const char *v, int64_t a,
                               int64_t e, floating *o, int64_t dvp, const floating *qp, bint bdqk,
@@ -83,7 +84,7 @@ cdef inline void pv_qk_chunks(const Plan *P, const floating *p, int64_t nr, cons
             stored_pv_rows(P.v.store, p, BLOCK_K, nr, v, P.v.sr, x0, x1, o, dvp, dvp // W)
         x1 = nn if nn < c1 else c1
         if c < x1:
-            unit_qk_rows(P, bdqk, qp, nr, kn + c * P.k.sr * P.k.item, x1 - c, sn + c)
+            unit_qk_rows(P, bdqk, qp, nr, kn + c * P.k.sr * P.k.item, x1 - c, sn + c, FA_PF_AUTO)
         c = c1
 
 cdef struct RowUnit:
@@ -108,12 +109,12 @@ cdef struct RowUnit:
 cdef inline bint row_bf16_dot(const Plan *P, const RowUnit *U, floating dummy) noexcept nogil:
     """Scores of a few-rows unit by bfloat16 pair dot products (fa_qk_rows_bd): float
     compute on a target with them, bfloat16 queries and keys, the keys read in
-    place (unit_qk_rows; not paged, no key scales; a fused unit of one row reads
-    them in fa_pv_qk_row1 instead), whole vectors of pairs per row.  The products
+    place (unit_qk_rows, paged runs too; no key scales; a fused or lockstep unit
+    of one row reads them in fa_pv_qk_row1 instead), whole vectors of pairs per row.  The products
     are exact and the scale multiplies the sums, as in the query-vectorised
     unit's qvec_bf16_dot."""
     return (floating is float and FA_BF16_DOT != 0 and P.q.store == STORE_BF16 and P.k.store == STORE_BF16
-            and U.k_in_place and not (U.fuse and U.nr == 1) and not U.lockstep and P.pages == NULL
+            and U.k_in_place and not (U.nr == 1 and (U.fuse or U.lockstep))
             and P.kscale == SCALE_NONE and P.Dk > 0 and P.Dk % (FA_VBYTES // 2) == 0)
 
 
@@ -194,10 +195,11 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
             for j in range(P.Lk):
                 wrow[j * P.w.sc] = fill
     if U.fuse and U.lo_all < U.hi_all and P.pages != NULL:
-        paged_qk_rows(P, <floating *>ws.qp, nr, U.kbo, U.lo_all, min(BLOCK_K, U.hi_all - U.lo_all), U.hi_all, s)
+        paged_qk_rows(P, U.bdqk, <floating *>ws.qp, nr, U.kbo, U.lo_all, min(BLOCK_K, U.hi_all - U.lo_all),
+                      U.hi_all, s)
     elif U.fuse and U.lo_all < U.hi_all:
         unit_qk_rows(P, U.bdqk, <floating *>ws.qp, nr, stored_at(&P.k, U.kbo + U.lo_all * P.k.sr),
-                     min(BLOCK_K, U.hi_all - U.lo_all), s)
+                     min(BLOCK_K, U.hi_all - U.lo_all), s, FA_PF_AUTO)
 
 
 cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t t0, int64_t n,
@@ -248,9 +250,9 @@ cdef int row_tile_scores(const Plan *P, Workspace *ws, const RowUnit *U, int64_t
     if U.kq_in_place:
         qk_rows_quantized(P, qp, nr, U.b, t0, n, s)
     elif U.k_in_place and not U.fuse and P.pages != NULL:
-        paged_qk_rows(P, qp, nr, U.kbo, t0, n, U.hi_all, s)
+        paged_qk_rows(P, U.bdqk, qp, nr, U.kbo, t0, n, U.hi_all, s)
     elif U.k_in_place and not U.fuse:
-        unit_qk_rows(P, U.bdqk, qp, nr, kbase + t0 * P.k.sr * P.k.item, n, s)
+        unit_qk_rows(P, U.bdqk, qp, nr, kbase + t0 * P.k.sr * P.k.item, n, s, FA_PF_AUTO)
     while i0 < nr:
         rows_key_span(ws, i0, min(i0 + FA_QK_MR, nr), t0, n, &a, &e)
         if a < e:
@@ -366,7 +368,7 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, int vstore, cons
                     vp[i] = o[i]
             if vbo_paged >= 0:
                 nn = min(BLOCK_K, U.hi_all - t1) if U.fuse and t1 < U.hi_all else 0
-                paged_pv_qk(P, U.kbo, U.vbo, s, nr, t0, a, e, o, dvp, qp, t1, nn, s2, U.hi_all)
+                paged_pv_qk(P, U.kbo, U.vbo, s, nr, t0, a, e, o, dvp, qp, U.bdqk, t1, nn, s2, U.hi_all)
             elif U.fuse:
                 nn = min(BLOCK_K, U.hi_all - t1) if t1 < U.hi_all else 0
                 if nr == 1:
@@ -382,7 +384,7 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, int vstore, cons
                     o[i] = vp[i] if t0 != U.lo_all else 0
                 pv_rows_exact(P, ws, s, vstore, vsrc, ldv, o, dvp, U.r0, nr, t0, n, U.mbo, vbo_paged)
         elif U.fuse and t1 < U.hi_all and P.pages != NULL:
-            paged_qk_rows(P, qp, nr, U.kbo, t1, min(BLOCK_K, U.hi_all - t1), U.hi_all, s2)
+            paged_qk_rows(P, U.bdqk, qp, nr, U.kbo, t1, min(BLOCK_K, U.hi_all - t1), U.hi_all, s2)
         elif U.fuse and t1 < U.hi_all:
             stored_qk_rows(P.k.store, qp, Dk, nr, Dk, kn, P.k.sr, min(BLOCK_K, U.hi_all - t1), s2, BLOCK_K)
         if U.fuse:
