@@ -5,7 +5,7 @@
     [:bwd][:kv=bf16|f16|int8|f8e4|f8e5|u8|u4[gG]] -- keys and values stored in that type, int8 with per-key scales, float8 and
     bfloat16 through ml_dtypes, u8 / u4 as each build's QuantizedKV (quantize_kv, group size G or the default); bf16: q, k
     and v in bfloat16; bwd: attention_backward of that forward, out and lse from the first build asked -- or
-    paged:SxHqxHkvxCTXxBSxD[:kv=T][:vllm][:contig]: a paged decode step (bench/compare.py's paged-decode is
+    paged:SxHqxHkvxCTXxBSxD[:kv=T][:q=bf16][:vllm][:contig]: a paged decode step (bench/compare.py's paged-decode is
     paged:8x32x8x4096x16x128; contig: its contiguous baseline) -- or
     calls:OPT[+OPT...]: 1000 small decode steps with options, e.g. calls:br+kvlen+lse)
 
@@ -193,6 +193,9 @@ def make_case(case, rng):
                 kw = stored_kv(f[3:], k, v)
         k, v = kw.pop("k", k), kw.pop("v", v)
         q, lens = ip["q"], ip["seq_lens"]
+        if "q=bf16" in flags:       # bfloat16 queries too (a bfloat16 model's decode)
+            import ml_dtypes
+            q = q.astype(ml_dtypes.bfloat16)
         if "contig" in flags:
             return lambda M: M.attention(q, k, v, kv_lengths=lens, causal="bottom_right", **kw)
         if "vllm" in flags:
