@@ -110,9 +110,9 @@ cdef inline bint row_bf16_dot(const Plan *P, const RowUnit *U, floating dummy) n
     """Scores of a few-rows unit by bfloat16 pair dot products (fa_qk_rows_bd): float
     compute on a target with them, bfloat16 queries and keys, the keys read in
     place (unit_qk_rows, paged runs too; no key scales; a fused or lockstep unit
-    of one row reads them in fa_pv_qk_row1 instead), whole vectors of pairs per row.  The products
-    are exact and the scale multiplies the sums, as in the query-vectorised
-    unit's qvec_bf16_dot."""
+    of one row reads them in fa_pv_qk_row1 instead), whole vectors of pairs per
+    row.  The products are exact and the scale multiplies the sums, as in the
+    query-vectorised unit's qvec_bf16_dot."""
     return (floating is float and FA_BF16_DOT != 0 and P.q.store == STORE_BF16 and P.k.store == STORE_BF16
             and U.k_in_place and not (U.nr == 1 and (U.fuse or U.lockstep))
             and P.kscale == SCALE_NONE and P.Dk > 0 and P.Dk % (FA_VBYTES // 2) == 0)
