@@ -386,7 +386,7 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, int vstore, cons
         elif U.fuse and t1 < U.hi_all and P.pages != NULL:
             paged_qk_rows(P, U.bdqk, qp, nr, U.kbo, t1, min(BLOCK_K, U.hi_all - t1), U.hi_all, s2)
         elif U.fuse and t1 < U.hi_all:
-            stored_qk_rows(P.k.store, qp, Dk, nr, Dk, kn, P.k.sr, min(BLOCK_K, U.hi_all - t1), s2, BLOCK_K)
+            unit_qk_rows(P, U.bdqk, qp, nr, kn, min(BLOCK_K, U.hi_all - t1), s2, FA_PF_AUTO)
         if U.fuse:
             U.s = <char *>s2
             U.s2 = <char *>s
