@@ -115,7 +115,91 @@ def test_bf16_paged_few_rows_scores(bs, lq, g, rng):
         kw.pop("num_threads", None)
         want, want_lse = R.attention_paged(f64(q), f64(kc), f64(vc), table, lens, return_lse=True, **kw)
         assert np.abs(lse - want_lse).max() <= 4e-6 * max(1.0, np.abs(want_lse).max())
-        np.testing.assert_allclose(f64(out), want, rtol=2.0 ** -8, atol=2.0 ** -9)
+        if _dispatch.VARIANT == "avx512_bf16" and g * lq > 1:
+            # units of two or more rows: P.V by pair dot products (P rounded to bfloat16)
+            absw = R.attention_paged(f64(q), f64(kc), np.abs(f64(vc)), table, lens, **kw)
+            assert np.all(within_bf16_p_rounding(out, want, absw)), kw
+        else:
+            np.testing.assert_allclose(f64(out), want, rtol=2.0 ** -8, atol=2.0 ** -9)
+
+
+@pytest.mark.parametrize("qs, ks", [((2, 32, 1, 128), (2, 8, 700, 128)),    # GQA decode, groups of 4
+                                    ((1, 16, 1, 64), (1, 2, 333, 64)),     # groups of 8: blocks of 4 + 4
+                                    ((1, 4, 5, 64), (1, 4, 301, 64)),      # 5 draft rows: 4 + 1, odd Lk
+                                    ((1, 6, 2, 32), (1, 2, 129, 32)),      # 6 rows: 4 + 2, a tile of one key
+                                    ((1, 4, 1, 64), (1, 1, 6000, 64))])    # one unit: keys split over threads
+@pytest.mark.parametrize("opts", [{}, {"causal": True, "align": "bottom_right"}, {"window": (40, 0)},
+                                  {"softcap": 5.0, "scale": 0.3}, {"kv_lengths": "half"}, {"sinks": True},
+                                  {"num_threads": 1}])
+def test_bf16_few_rows_pv(qs, ks, opts, rng):
+    """Units of two or more rows with bfloat16 queries and values in place (GQA
+    decode, draft tokens): on avx512_bf16 their P.V comes from pair dot products
+    too (fa_pv_rows_bd: P rounded to bfloat16 against the tile's largest, two
+    keys per instruction), so the output is within the rounding of P of the
+    float64 result; lse keeps float32 rounding (l sums the unrounded P); 1 and 2
+    threads give the same bits."""
+    q = rng.standard_normal(qs).astype(BF16)
+    k, v = (rng.standard_normal(ks).astype(BF16) for _ in range(2))
+    kw = dict(opts)
+    if kw.get("kv_lengths") == "half":
+        kw["kv_lengths"] = np.arange(1, qs[0] + 1) * ks[2] // (qs[0] + 1)
+    if kw.get("sinks"):
+        kw["sinks"] = rng.standard_normal(qs[1]).astype(np.float32)
+    out, lse = fastattn.attention(q, k, v, return_lse=True, **kw)
+    threads = kw.pop("num_threads", None)
+    want, want_lse = R.attention(f64(q), f64(k), f64(v), return_lse=True, **kw)
+    absw = R.attention(f64(q), f64(k), np.abs(f64(v)), **kw)
+    fin = np.isfinite(want_lse)
+    assert np.array_equal(fin, np.isfinite(lse))
+    assert np.abs(lse - want_lse)[fin].max() <= 4e-6 * max(1.0, np.abs(want_lse[fin]).max())
+    assert out.dtype == BF16
+    assert np.all(within_bf16_p_rounding(out, want, absw))
+    if threads is None:
+        np.testing.assert_array_equal(out, fastattn.attention(q, k, v, num_threads=1, **kw))
+
+
+def test_bf16_few_rows_pv_nonfinite(rng):
+    """A GQA decode group whose value rows hold an inf and a NaN: the rows that see
+    them get inf / NaN as the float64 reference does, the rows a window keeps
+    away from them stay finite and within the rounding of P (inf * 0 never
+    reaches them), as with widened values."""
+    q = rng.standard_normal((1, 8, 3, 64)).astype(BF16)
+    k, v = (rng.standard_normal((1, 2, 300, 64)).astype(BF16) for _ in range(2))
+    v[0, 0, 150, 7] = np.inf
+    v[0, 1, 20, 9] = np.nan
+    for kw in ({}, {"window": (100, 0), "causal": "bottom_right"}):
+        got = fastattn.attention(q, k, v, **kw)
+        ref = R.attention(f64(q), f64(k), f64(v), **kw)
+        np.testing.assert_array_equal(np.isnan(f64(got)), np.isnan(ref))
+        np.testing.assert_array_equal(np.isposinf(f64(got)), np.isposinf(ref))
+        fin = np.isfinite(ref)
+        vz = np.where(np.isfinite(f64(v)), f64(v), 0)
+        absw = R.attention(f64(q), f64(k), np.abs(vz), **kw)
+        assert np.all(within_bf16_p_rounding(got, ref, absw)[fin]), kw
+    assert np.isfinite(f64(fastattn.attention(q, k, v, window=(100, 0), causal="bottom_right")[0, :4])).all()
+
+
+@pytest.mark.parametrize("qs, ks", [((1, 32, 1, 128), (1, 8, 4096, 128)), ((1, 16, 4, 64), (1, 4, 1024, 64)),
+                                    ((4, 8, 1, 128), (4, 1, 2048, 128))])
+@pytest.mark.parametrize("qscale", [1.0, 3.0])
+def test_bf16_decode_error_at_most_torch(qs, ks, qscale, rng):
+    """GQA decode and draft rows of bfloat16 caches: relative RMS error against
+    float64 at or below torch's bfloat16 SDPA on the same inputs (its CPU kernel
+    rounds P to bfloat16 too), flat and peaked attention."""
+    torch = pytest.importorskip("torch")
+    q = (rng.standard_normal(qs) * qscale).astype(BF16)
+    k, v = (rng.standard_normal(ks).astype(BF16) for _ in range(2))
+    want = R.attention(f64(q), f64(k), f64(v))
+    ours = f64(fastattn.attention(q, k, v))
+    g = qs[1] // ks[1]
+    t = [torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16) for x in (q, k, v)]
+    t[1], t[2] = t[1].repeat_interleave(g, 1), t[2].repeat_interleave(g, 1)
+    with torch.no_grad():
+        theirs = torch.nn.functional.scaled_dot_product_attention(*t).float().numpy()
+
+    def rel_rms(x):
+        return np.sqrt(np.mean((x - want) ** 2) / np.mean(want ** 2))
+    assert rel_rms(ours) <= rel_rms(theirs)
 
 
 @pytest.mark.parametrize("shape, causal, qscale", [((1, 8, 512, 64), True, 1.0), ((1, 8, 1024, 64), False, 1.0),

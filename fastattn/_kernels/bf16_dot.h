@@ -317,6 +317,138 @@ static void fa_qvec_pv_chunk_bd(const uint32_t *v2, int64_t ld2, int64_t Dv, con
     FA_BD_BY_WIDTH(nv, FA_QVEC_PV_BD);
 #undef FA_QVEC_PV_BD
 }
+
+/* The few-rows unit's P.V (GQA decode groups, draft rows) of bfloat16 value
+ * rows read in place, by the same pair dot products: O[i][0:D] += sum_{k in
+ * [k0, k1)} P[i][k] v[k][0:D] for i < nr, as fa_pv_rows (stored_reads.h) does
+ * with widened values, but two keys per instruction: value rows k and k + 1
+ * interleaved in registers (fa_bf16_zip_rows, two VPERMT2W per
+ * FA_BF16_PACK_COLS columns, shared by the block's rows) against the pair
+ * (P[i][k], P[i][k + 1]) broadcast as one 32-bit word.  Each row's P is divided
+ * by pm[i], the largest P of its tile (row_tile_softmax), and rounded to
+ * bfloat16 -- the largest exactly 1, as the query-vectorised unit's tile-max P
+ * above; the same for every call of one tile (its chunks, a paged cache's runs)
+ * -- and its terms, summed from zero in float32 per segment of at most
+ * FA_BD_PVR_SEG keys, are added to O times pm[i] (two-level sums; pm[i] not
+ * positive and finite: P times 0).  Blocks of up to FA_BD_PVR_ROWS rows by up to
+ * 16 accumulators of columns; an odd segment's last key pairs with itself
+ * (probability 0 in the high half).  D a multiple of FA_BF16_PACK_COLS (the
+ * unit checks).  The first column pass of the first block streams the values:
+ * whole rows requested into L2 FA_PF_L2_BYTES ahead, or pfo rows ahead where
+ * pfo is not FA_PF_AUTO (0: none), as fa_qk_rows_bd.  Values holding an inf or
+ * NaN make the sums inf or NaN, and the unit redoes such a tile exactly, as for
+ * the widened loop (row_tile_pv). */
+/* hints for every line of the nbytes at p (one more than fa_prefetch_bytes_at
+ * where p is not 64-byte aligned: NumPy's buffers start 16 bytes into a line) */
+static inline __attribute__((always_inline)) void fa_prefetch_lines_at(const void *p, int64_t nbytes, const int l2)
+{
+    const uintptr_t e = (uintptr_t)p + (uintptr_t)nbytes;
+    for (uintptr_t x = (uintptr_t)p & ~(uintptr_t)63; x < e; x += 64) fa_prefetch_at((const void *)x, l2);
+}
+
+#define FA_BD_PVR_SEG 128
+#define FA_BD_PVR_ROWS 4
+#define FA_BD_PVR_ACC 16
+static inline __attribute__((always_inline)) void
+fa_pv_pass_bd(const uint32_t *restrict pb, const int R, const uint16_t *restrict v, int64_t ldv, int64_t n,
+              const int NC, int64_t pf, int64_t pfn, float *restrict o, int64_t ldo, const float *pm)
+{
+    fa_v_f acc[FA_BD_PVR_ROWS][FA_BD_PVR_ACC / 2];
+    FA_UNROLL for (int i = 0; i < FA_BD_PVR_ROWS; i++)
+        FA_UNROLL for (int c = 0; c < FA_BD_PVR_ACC / 2; c++)
+            if (i < R && c < 2 * NC) acc[i][c] = fa_set1_f(0);
+    for (int64_t k = 0; k < n; k += 2) {
+        const uint16_t *r0 = v + k * ldv;
+        const uint16_t *r1 = k + 1 < n ? r0 + ldv : r0;
+        if (pfn) {
+            fa_prefetch_lines_at(r0 + pf * ldv, pfn * 2, 1);
+            if (r1 != r0) fa_prefetch_lines_at(r1 + pf * ldv, pfn * 2, 1);
+        }
+        fa_vi_f z[FA_BD_PVR_ACC / 2];
+        FA_UNROLL for (int c = 0; c < NC; c++) {
+            fa_vi_f x, y;
+            memcpy(&x, r0 + c * FA_BF16_PACK_COLS, sizeof x);
+            memcpy(&y, r1 + c * FA_BF16_PACK_COLS, sizeof y);
+            fa_bf16_zip_rows(x, y, &z[2 * c], &z[2 * c + 1]);
+        }
+        FA_UNROLL for (int i = 0; i < FA_BD_PVR_ROWS; i++) {
+            if (i < R) {
+                const fa_vi_f a = fa_bf16_pair_bcast((const uint16_t *)(pb + i * (FA_BD_PVR_SEG / 2) + k / 2));
+                FA_UNROLL for (int c = 0; c < 2 * NC; c++) acc[i][c] = fa_bf16_dot2_f(acc[i][c], z[c], a);
+            }
+        }
+    }
+    FA_UNROLL for (int i = 0; i < FA_BD_PVR_ROWS; i++)
+        if (i < R) {
+            const fa_v_f f = fa_set1_f(pm[i]);
+            FA_UNROLL for (int c = 0; c < 2 * NC; c++) {
+                float *q = o + i * ldo + c * FA_WF;
+                fa_store_f(q, fa_load_f(q) + acc[i][c] * f);
+            }
+        }
+}
+
+/* One segment of n <= FA_BD_PVR_SEG keys for a block of R rows: each row's
+ * probabilities over pmx[i] (its tile's largest), rounded to bfloat16 pairs
+ * (zeros past n),
+ * then the column passes (NCMAX chunks of FA_BF16_PACK_COLS per pass, R * 2 *
+ * NCMAX <= FA_BD_PVR_ACC). */
+static inline __attribute__((always_inline)) void
+fa_pv_seg_bd(const float *p, int64_t ldp, const int R, const uint16_t *v, int64_t ldv, int64_t n, float *o,
+             int64_t ldo, int64_t D, const float *pmx, int64_t pf, int stream)
+{
+    const int NCMAX = FA_BD_PVR_ACC / (2 * R) < 4 ? FA_BD_PVR_ACC / (2 * R) : 4;
+    uint32_t pb[FA_BD_PVR_ROWS * (FA_BD_PVR_SEG / 2)] __attribute__((aligned(64)));
+    float pm[FA_BD_PVR_ROWS];
+    FA_UNROLL for (int i = 0; i < FA_BD_PVR_ROWS; i++) {
+        if (i >= R) break;
+        const float *pi = p + i * ldp;
+        const float mx = pmx[i];
+        const int ok = mx > 0 && mx <= __FLT_MAX__;
+        pm[i] = ok ? mx : 0.0f;
+        const fa_v_f s = fa_set1_f(ok ? 1.0f / mx : 0.0f);
+        uint32_t *d = pb + i * (FA_BD_PVR_SEG / 2);
+        int64_t k = 0;
+        for (; k + 2 * FA_WF <= n; k += 2 * FA_WF) {
+            const fa_vi_f w = fa_bf16_round_seq(fa_load_f(pi + k) * s, fa_load_f(pi + k + FA_WF) * s);
+            memcpy(d + k / 2, &w, sizeof w);
+        }
+        if (k < n) {
+            const fa_v_f lo = fa_load_part_f(pi + k, n - k < FA_WF ? n - k : FA_WF, 0.0f);
+            const fa_v_f hi = n - k > FA_WF ? fa_load_part_f(pi + k + FA_WF, n - k - FA_WF, 0.0f) : fa_set1_f(0);
+            const fa_vi_f w = fa_bf16_round_seq(lo * s, hi * s);
+            memcpy(d + k / 2, &w, sizeof w);
+        }
+    }
+    int64_t c = 0, pfn = stream ? D : 0;
+    for (; c + NCMAX * FA_BF16_PACK_COLS <= D; c += NCMAX * FA_BF16_PACK_COLS, pfn = 0)
+        fa_pv_pass_bd(pb, R, v + c, ldv, n, NCMAX, pf, pf ? pfn : 0, o + c, ldo, pm);
+    for (; c < D; c += FA_BF16_PACK_COLS, pfn = 0)
+        fa_pv_pass_bd(pb, R, v + c, ldv, n, 1, pf, pf ? pfn : 0, o + c, ldo, pm);
+}
+
+static void fa_pv_rows_bd(const float *p, int64_t ldp, int64_t nr, const uint16_t *v, int64_t ldv, int64_t k0,
+                          int64_t k1, float *o, int64_t ldo, int64_t D, const float *pm, int64_t pfo)
+{
+    const int64_t pfa = FA_PF_L2_BYTES / (2 * (D > 0 ? D : 1));
+    const int64_t pf = pfo != FA_PF_AUTO ? pfo : pfa > 1 ? pfa : 1;
+    for (int64_t s0 = k0; s0 < k1; s0 += FA_BD_PVR_SEG) {
+        const int64_t n = k1 - s0 < FA_BD_PVR_SEG ? k1 - s0 : FA_BD_PVR_SEG;
+        const uint16_t *vs = v + s0 * ldv;
+        for (int64_t i0 = 0; i0 < nr; i0 += FA_BD_PVR_ROWS) {
+            const int rows = nr - i0 < FA_BD_PVR_ROWS ? (int)(nr - i0) : FA_BD_PVR_ROWS;
+            const float *pi = p + i0 * ldp + s0;
+            float *oi = o + i0 * ldo;
+            const int stream = i0 == 0;     /* the first block streams the values */
+            switch (rows) {
+            case 1: fa_pv_seg_bd(pi, ldp, 1, vs, ldv, n, oi, ldo, D, pm + i0, pf, stream); break;
+            case 2: fa_pv_seg_bd(pi, ldp, 2, vs, ldv, n, oi, ldo, D, pm + i0, pf, stream); break;
+            case 3: fa_pv_seg_bd(pi, ldp, 3, vs, ldv, n, oi, ldo, D, pm + i0, pf, stream); break;
+            default: fa_pv_seg_bd(pi, ldp, 4, vs, ldv, n, oi, ldo, D, pm + i0, pf, stream); break;
+            }
+        }
+    }
+}
 #endif
 
 #undef FA_BD_TAILS
@@ -551,5 +683,13 @@ static inline void fa_qvec_pv_chunk_bd(const uint32_t *v2, int64_t ld2, int64_t 
 {
     (void)v2; (void)ld2; (void)Dv; (void)p2; (void)lds; (void)p0; (void)p1; (void)ot; (void)ldo; (void)f;
     (void)nv;
+}
+#define FA_BF16_PACK_COLS 32
+static inline void fa_pv_rows_bd(const float *p, int64_t ldp, int64_t nr, const uint16_t *v, int64_t ldv,
+                                 int64_t k0, int64_t k1, float *o, int64_t ldo, int64_t D, const float *pm,
+                                 int64_t pfo)
+{
+    (void)p; (void)ldp; (void)nr; (void)v; (void)ldv; (void)k0; (void)k1; (void)o; (void)ldo; (void)D; (void)pm;
+    (void)pfo;
 }
 #endif

@@ -114,6 +114,9 @@ cdef extern from "simd.h" nogil:
                                   float *ot, int64_t ldo, int64_t Dv, const float *mx, float *f, int nv)
     void fa_qvec_pv_chunk_bd(const uint32_t *v2, int64_t ld2, int64_t Dv, const float *p2, int64_t lds,
                              int64_t p0, int64_t p1, float *ot, int64_t ldo, const float *f, int nv)
+    int FA_BF16_PACK_COLS
+    void fa_pv_rows_bd(const float *p, int64_t ldp, int64_t nr, const uint16_t *v, int64_t ldv, int64_t k0,
+                       int64_t k1, float *o, int64_t ldo, int64_t D, const float *pm, int64_t pfo)
     void fa_qvec_pv_chunk_f(const float *v, int64_t vsr, int64_t vsc, int64_t Dv, const float *pt,
                         int64_t lds, int64_t j0, int64_t j1, float *ot, int64_t ldo, int nv)
     void fa_qvec_pv_chunk_d(const double *v, int64_t vsr, int64_t vsc, int64_t Dv, const double *pt,

@@ -172,9 +172,10 @@ cdef void run_paged_heads(const Plan *P, Workspace **ws, int64_t b0, int64_t nh,
                     x0 = max(t, t0 + a[h])
                     x1 = min(x, t0 + e[h])
                     if x0 < x1:
-                        stored_pv_rows_po(P.v.store, (<floating *>U[h].s) + (x0 - t0), BLOCK_K, nr,
-                                          stored_at(&P.v, U[h].vbo + row_at(P, &P.v, x0)), P.v.sr, 0, x1 - x0,
-                                          <floating *>ws[h].o, dvp, dvp // W, pfo)
+                        unit_pv_rows(P, <const floating *>ws[h].pm if U[h].bdpv else NULL,
+                                     (<floating *>U[h].s) + (x0 - t0), nr,
+                                     stored_at(&P.v, U[h].vbo + row_at(P, &P.v, x0)), P.v.sr, 0, x1 - x0,
+                                     <floating *>ws[h].o, dvp, pfo)
                 t = x
         for h in range(nh):
             o = <floating *>ws[h].o

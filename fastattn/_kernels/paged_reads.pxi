@@ -116,8 +116,9 @@ cdef void paged_qk_rows(const Plan *P, bint bdqk, const floating *qp, int64_t nr
 
 
 cdef void paged_pv_qk(const Plan *P, int64_t kbo, int64_t vbo, const floating *p, int64_t nr, int64_t t0,
-                      int64_t a, int64_t e, floating *o, int64_t dvp, const floating *qp, bint bdqk, int64_t t1,
-                      int64_t nn, floating *sn, int64_t lim) noexcept nogil:
+                      int64_t a, int64_t e, floating *o, int64_t dvp, const floating *qp, bint bdqk,
+                      const floating *pm,
+                      int64_t t1, int64_t nn, floating *sn, int64_t lim) noexcept nogil:
     """O += P . V over keys t0+a..t0+e-1 (p rows BLOCK_K apart, indexed from t0)
     and, with nn > 0, the scores of the next tile's keys t1..t1+nn-1 into sn:
     the value runs and the next tile's key runs side by side, one fused reader
@@ -133,8 +134,8 @@ cdef void paged_pv_qk(const Plan *P, int64_t kbo, int64_t vbo, const floating *p
         xk = run_end(P, tk, t1 + nn) if tk < t1 + nn else tk
         vrow = stored_at(&P.v, vbo + (row_at(P, &P.v, tv) if xv > tv else 0))
         if nn == 0:
-            stored_pv_rows_po(P.v.store, p + (tv - t0), BLOCK_K, nr, vrow, P.v.sr, 0, xv - tv, o, dvp, dvp // W,
-                              run_pfo(P, &P.v, vbo, tv, xv, lim, P.Dv))
+            unit_pv_rows(P, pm, p + (tv - t0), nr, vrow, P.v.sr, 0, xv - tv, o, dvp,
+                         run_pfo(P, &P.v, vbo, tv, xv, lim, P.Dv))
         else:
             # called without prefetch offsets (stored_pv_qk_row1, pv_qk_chunks): the next runs'
             # first rows are requested here (the paged lockstep passes offsets instead,
@@ -146,7 +147,7 @@ cdef void paged_pv_qk(const Plan *P, int64_t kbo, int64_t vbo, const floating *p
                 stored_pv_qk_row1(P.v.store, p + (tv - t0), vrow, P.v.sr, 0, xv - tv, o, dvp // W, qp, P.Dk, krow,
                                   P.k.sr, xk - tk, sn + (tk - t1))
             else:
-                pv_qk_chunks(P, p + (tv - t0), nr, vrow, 0, xv - tv, o, dvp, qp, bdqk, krow, xk - tk,
+                pv_qk_chunks(P, p + (tv - t0), nr, vrow, 0, xv - tv, o, dvp, qp, bdqk, pm, krow, xk - tk,
                              sn + (tk - t1))
         tv = xv
         tk = xk

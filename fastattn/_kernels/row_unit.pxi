@@ -64,9 +64,25 @@ cdef inline void unit_qk_rows(const Plan *P, bint bdqk, const floating *qp, int6
     else:
         stored_qk_rows_po(P.k.store, qp, P.Dk, nr, P.Dk, k, P.k.sr, n, s, BLOCK_K, pfo)
 
+cdef inline void unit_pv_rows(const Plan *P, const floating *pm, const floating *p, int64_t nr, const char *v,
+                              int64_t ldv, int64_t k0, int64_t k1, floating *o, int64_t dvp,
+                              int64_t pfo) noexcept nogil:
+    """O += P . V for a few-rows unit's nr rows (P rows BLOCK_K apart) over the value
+    rows k0..k1-1 at v (read in place, ldv apart): by pair dot products where pm is
+    not NULL (row_bf16_pv: pm[i] the tile's largest P of row i, P rounded to
+    bfloat16 against it, fa_pv_rows_bd), else widened (fa_pv_rows); the value rows
+    requested pfo rows on (FA_PF_AUTO: the kernel's distance)."""
+    cdef int64_t W = FA_VBYTES // sizeof(floating)
+    if pm != NULL:
+        if floating is float:
+            fa_pv_rows_bd(p, BLOCK_K, nr, <const uint16_t *>v, ldv, k0, k1, o, dvp, P.Dv, pm, pfo)
+    else:
+        stored_pv_rows_po(P.v.store, p, BLOCK_K, nr, v, ldv, k0, k1, o, dvp, dvp // W, pfo)
+
+
 cdef inline void pv_qk_chunks(const Plan *P, const floating *p, int64_t nr, const char *v, int64_t a,
                               int64_t e, floating *o, int64_t dvp, const floating *qp, bint bdqk,
-                              const char *kn, int64_t nn, floating *sn) noexcept nogil:
+                              const floating *pm, const char *kn, int64_t nn, floating *sn) noexcept nogil:
     """O += P . V over keys [a, e) of this tile (rows BLOCK_K apart in p; value rows
     v stored in place) and the scores of the next tile's first nn keys (kn, stored
     like v) into sn, in alternating chunks of FUSE_CHUNK keys.  A chunk boundary
@@ -81,7 +97,7 @@ cdef inline void pv_qk_chunks(const Plan *P, const floating *p, int64_t nr, cons
         x0 = a if a > c else c
         x1 = e if e < c1 else c1
         if x0 < x1:
-            stored_pv_rows(P.v.store, p, BLOCK_K, nr, v, P.v.sr, x0, x1, o, dvp, dvp // W)
+            unit_pv_rows(P, pm, p, nr, v, P.v.sr, x0, x1, o, dvp, FA_PF_AUTO)
         x1 = nn if nn < c1 else c1
         if c < x1:
             unit_qk_rows(P, bdqk, qp, nr, kn + c * P.k.sr * P.k.item, x1 - c, sn + c, FA_PF_AUTO)
@@ -99,6 +115,7 @@ cdef struct RowUnit:
     int kq_in_place, vq_in_place   # QuantizedKV keys / values read in place (few rows: quantized_in_place)
     int fuse                   # each tile's P.V pass also computes the next tile's scores
     int bdqk                   # scores by bfloat16 pair dot products (row_bf16_dot; Qp holds bfloat16 rows)
+    int bdpv                   # P.V by bfloat16 pair dot products (row_bf16_pv)
     int lockstep               # driven tile by tile beside the other heads of a paged block (paged_heads.pxi)
     int need_pv                # a pass that accumulates P.V (all but MODE_STATS)
     int needs_options          # softcap, bias, ALiBi or a mask
@@ -116,6 +133,21 @@ cdef inline bint row_bf16_dot(const Plan *P, const RowUnit *U, floating dummy) n
     return (floating is float and FA_BF16_DOT != 0 and P.q.store == STORE_BF16 and P.k.store == STORE_BF16
             and U.k_in_place and not (U.nr == 1 and (U.fuse or U.lockstep))
             and P.kscale == SCALE_NONE and P.Dk > 0 and P.Dk % (FA_VBYTES // 2) == 0)
+
+
+cdef inline bint row_bf16_pv(const Plan *P, const RowUnit *U, floating dummy) noexcept nogil:
+    """P.V of a few-rows unit of two or more rows by bfloat16 pair dot products
+    (fa_pv_rows_bd): float compute on a target with them, bfloat16 queries and
+    values, the values read in place without scales, whole chunks of
+    FA_BF16_PACK_COLS columns, a pass that accumulates P.V with the online
+    softmax (not return_weights' second pass).  P is rounded to bfloat16 against
+    each row's largest in the call (its largest exactly 1), as the
+    query-vectorised unit's qvec_bf16_pv rounds P against each tile's max; l sums
+    the unrounded P.  A unit of one row (MHA decode, fa_pv_qk_row1) keeps the
+    widened loop."""
+    return (floating is float and FA_BF16_PV != 0 and P.q.store == STORE_BF16 and P.v.store == STORE_BF16
+            and U.v_in_place and U.nr >= 2 and U.need_pv and U.mode != MODE_WEIGHTS
+            and P.vscale == SCALE_NONE and P.Dv > 0 and P.Dv % FA_BF16_PACK_COLS == 0)
 
 
 cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *stats) noexcept nogil:
@@ -157,6 +189,7 @@ cdef void row_unit_begin(const Plan *P, Workspace *ws, RowUnit *U, floating *sta
     # past the unit's own in the score buffer (FEW_MAX_ROWS of them are reserved).
     U.fuse = U.few and U.k_in_place and U.v_in_place and U.need_pv and P.k.store == P.v.store and not U.lockstep
     U.bdqk = row_bf16_dot(P, U, <floating>0)
+    U.bdpv = row_bf16_pv(P, U, <floating>0)
     U.s = <char *>s
     U.s2 = <char *>(s + rows_alloc(nr) * BLOCK_K)
 
@@ -269,6 +302,7 @@ cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, float
     cdef floating *s = <floating *>U.s
     cdef floating *m = <floating *>ws.m
     cdef floating *o = <floating *>ws.o
+    cdef floating *pm = <floating *>ws.pm
     cdef double *l = ws.l
     cdef int64_t i, j, a, e, grp, pos, soff
     cdef floating mt, mn, alpha, lse_i
@@ -277,6 +311,8 @@ cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, float
     cdef floating *wrow
     for i in range(U.nr):
         srow = s + i * BLOCK_K
+        if U.bdpv:
+            pm[i] = 0
         a = ws.lo[i] - t0
         e = ws.hi[i] - t0
         if a < 0:
@@ -326,6 +362,9 @@ cdef void row_tile_softmax(const Plan *P, Workspace *ws, const RowUnit *U, float
                 sm = fa_row_exp_sum_p_d(srow + a, srow + a, e - a, mn)
             l[i] = l[i] * alpha + sm
             m[i] = mn
+            if U.bdpv:
+                # the tile's largest probability: P.V rounds P against it (fa_pv_rows_bd)
+                pm[i] = fa_exp_p_f(mt - mn) if floating is float else fa_exp_p_d(mt - mn)
             if U.need_pv and alpha != 1:
                 row_scale(o + i * U.dvp, o + i * U.dvp, P.Dv, alpha)
         if P.vscale == SCALE_PER_KEY and U.need_pv:
@@ -350,6 +389,7 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, int vstore, cons
     cdef floating *o = <floating *>ws.o
     cdef floating *vp = <floating *>ws.vp
     cdef floating *qp = <floating *>ws.qp
+    cdef const floating *pmx = <const floating *>ws.pm if U.bdpv else NULL
     cdef const char *kn = stored_at(&P.k, U.kbo + (t1 * P.k.sr if P.pages == NULL else 0))
     cdef int64_t vbo_paged = U.vbo if U.v_in_place and P.pages != NULL else -1
     if v_nonfinite:
@@ -368,15 +408,17 @@ cdef void row_tile_pv(const Plan *P, Workspace *ws, RowUnit *U, int vstore, cons
                     vp[i] = o[i]
             if vbo_paged >= 0:
                 nn = min(BLOCK_K, U.hi_all - t1) if U.fuse and t1 < U.hi_all else 0
-                paged_pv_qk(P, U.kbo, U.vbo, s, nr, t0, a, e, o, dvp, qp, U.bdqk, t1, nn, s2, U.hi_all)
+                paged_pv_qk(P, U.kbo, U.vbo, s, nr, t0, a, e, o, dvp, qp, U.bdqk, pmx, t1, nn, s2, U.hi_all)
             elif U.fuse:
                 nn = min(BLOCK_K, U.hi_all - t1) if t1 < U.hi_all else 0
                 if nr == 1:
                     stored_pv_qk_row1(vstore, s, vsrc, ldv, a, e, o, dvp // W, qp, Dk, kn, P.k.sr, nn, s2)
                 else:
-                    pv_qk_chunks(P, s, nr, vsrc, a, e, o, dvp, qp, U.bdqk, kn, nn, s2)
+                    pv_qk_chunks(P, s, nr, vsrc, a, e, o, dvp, qp, U.bdqk, pmx, kn, nn, s2)
             elif U.vq_in_place:
                 pv_rows_quantized(P, s, nr, U.b, t0, a, e, o, dvp)
+            elif U.bdpv:
+                unit_pv_rows(P, pmx, s, nr, vsrc, ldv, a, e, o, dvp, FA_PF_AUTO)
             else:
                 stored_pv_rows(vstore, s, BLOCK_K, nr, vsrc, ldv, a, e, o, dvp, dvp // W)
             if U.v_in_place and block_nonfinite(o, nr, P.Dv, dvp, 1):

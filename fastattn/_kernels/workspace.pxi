@@ -11,6 +11,7 @@ cdef struct Workspace:
     void *s         # BLOCK_Q' x BLOCK_K scores, then probabilities
     void *o         # BLOCK_Q' x Dvp     output accumulator
     void *m         # BLOCK_Q'           running row max
+    void *pm        # BLOCK_Q'           the tile's largest probability per row (row-major unit, row_bf16_pv)
     double *l       # BLOCK_Q'           running row sum (double even for float inputs)
     int64_t *lo     # BLOCK_Q'           first visible key of each row
     int64_t *hi     # BLOCK_Q'           one past the last visible key
@@ -73,7 +74,7 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
     cdef int64_t dv = P.Dv if P.Dv > 0 else 1
     cdef int64_t ld = qvec_ld(rows, item)
     cdef int native = STORE_F32 if item == 4 else STORE_F64
-    ws.qp = ws.kt = ws.vp = ws.s = ws.o = ws.m = NULL
+    ws.qp = ws.kt = ws.vp = ws.s = ws.o = ws.m = ws.pm = NULL
     ws.l = NULL
     ws.ld = ld
     ws.qt = ws.st = ws.ot = ws.mt = ws.lt = ws.lof = ws.hif = ws.mtb = ws.mxt = ws.kw = ws.vw = NULL
@@ -99,6 +100,7 @@ cdef int64_t workspace_layout(Workspace *ws, const Plan *P, int64_t rows, size_t
         ws.s = carve(&cur, (R + FEW_MAX_ROWS) * BLOCK_K * item)   # + the next tile's scores (run_row_unit)
         ws.o = carve(&cur, R * dvp * item)
         ws.m = carve(&cur, R * item)
+        ws.pm = carve(&cur, R * item)
         ws.l = <double *>carve(&cur, R * sizeof(double))
     ws.lo = <int64_t *>carve(&cur, R * sizeof(int64_t))
     ws.hi = <int64_t *>carve(&cur, R * sizeof(int64_t))

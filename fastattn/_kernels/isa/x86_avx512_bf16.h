@@ -33,20 +33,39 @@ static inline fa_vi_f fa_bf16_round_pair(fa_v_f lo, fa_v_f hi)
     return (fa_vi_f)_mm512_permutexvar_epi16(idx, w);
 }
 
-/* Columns c .. c + FA_BF16_PACK_COLS - 1 of two bfloat16 rows a and b (b NULL:
- * zeros) interleaved into words (a[c], b[c]) at d, two VPERMT2W; returns a
- * nonzero mask where either row holds an inf or NaN (fa_pack_value_pairs_bd) */
+/* Columns c .. c + FA_BF16_PACK_COLS - 1 of two bfloat16 rows x and y
+ * interleaved in registers, two VPERMT2W: word 2i of lo = (x[i], y[i]) for
+ * columns 0-15, of hi for columns 16-31 (fa_bf16_pack_pairs, fa_pv_rows_bd) */
 #define FA_BF16_PACK_COLS 32
-static inline uint32_t fa_bf16_pack_pairs(const uint16_t *a, const uint16_t *b, uint32_t *d)
+static inline __attribute__((always_inline)) void fa_bf16_zip_rows(fa_vi_f x, fa_vi_f y, fa_vi_f *lo, fa_vi_f *hi)
 {
     const __m512i ilo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
                                          39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i ihi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24,
                                          55, 23, 54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+    *lo = (fa_vi_f)_mm512_permutex2var_epi16((__m512i)x, ilo, (__m512i)y);
+    *hi = (fa_vi_f)_mm512_permutex2var_epi16((__m512i)x, ihi, (__m512i)y);
+}
+
+/* Columns c .. c + FA_BF16_PACK_COLS - 1 of two bfloat16 rows a and b (b NULL:
+ * zeros) interleaved into words (a[c], b[c]) at d (fa_bf16_zip_rows); returns a
+ * nonzero mask where either row holds an inf or NaN (fa_pack_value_pairs_bd) */
+static inline uint32_t fa_bf16_pack_pairs(const uint16_t *a, const uint16_t *b, uint32_t *d)
+{
     const __m512i e = _mm512_set1_epi16(0x7f80);
     const __m512i x = _mm512_loadu_si512(a), y = b ? _mm512_loadu_si512(b) : _mm512_setzero_si512();
-    _mm512_storeu_si512(d, _mm512_permutex2var_epi16(x, ilo, y));
-    _mm512_storeu_si512(d + 16, _mm512_permutex2var_epi16(x, ihi, y));
+    fa_vi_f lo, hi;
+    fa_bf16_zip_rows((fa_vi_f)x, (fa_vi_f)y, &lo, &hi);
+    _mm512_storeu_si512(d, (__m512i)lo);
+    _mm512_storeu_si512(d + 16, (__m512i)hi);
     return (uint32_t)(_mm512_cmpeq_epi16_mask(_mm512_and_si512(x, e), e) |
                       _mm512_cmpeq_epi16_mask(_mm512_and_si512(y, e), e));
+}
+
+/* 2 FA_WF floats, lo then hi, rounded to bfloat16 to nearest even in order:
+ * word i = lo[i], word FA_WF + i = hi[i] (VCVTNE2PS2BF16; consecutive elements
+ * become the pairs of one 32-bit word: fa_pv_rows_bd's probabilities) */
+static inline fa_vi_f fa_bf16_round_seq(fa_v_f lo, fa_v_f hi)
+{
+    return (fa_vi_f)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
 }
