@@ -334,18 +334,10 @@ static void fa_qvec_pv_chunk_bd(const uint32_t *v2, int64_t ld2, int64_t Dv, con
  * 16 accumulators of columns; an odd segment's last key pairs with itself
  * (probability 0 in the high half).  D a multiple of FA_BF16_PACK_COLS (the
  * unit checks).  The first column pass of the first block streams the values:
- * whole rows requested into L2 FA_PF_L2_BYTES ahead, or pfo rows ahead where
+ * every line of whole rows requested into L2 FA_PF_L2_BYTES ahead, or pfo rows ahead where
  * pfo is not FA_PF_AUTO (0: none), as fa_qk_rows_bd.  Values holding an inf or
  * NaN make the sums inf or NaN, and the unit redoes such a tile exactly, as for
  * the widened loop (row_tile_pv). */
-/* hints for every line of the nbytes at p (one more than fa_prefetch_bytes_at
- * where p is not 64-byte aligned: NumPy's buffers start 16 bytes into a line) */
-static inline __attribute__((always_inline)) void fa_prefetch_lines_at(const void *p, int64_t nbytes, const int l2)
-{
-    const uintptr_t e = (uintptr_t)p + (uintptr_t)nbytes;
-    for (uintptr_t x = (uintptr_t)p & ~(uintptr_t)63; x < e; x += 64) fa_prefetch_at((const void *)x, l2);
-}
-
 #define FA_BD_PVR_SEG 128
 #define FA_BD_PVR_ROWS 4
 #define FA_BD_PVR_ACC 16
@@ -361,8 +353,8 @@ fa_pv_pass_bd(const uint32_t *restrict pb, const int R, const uint16_t *restrict
         const uint16_t *r0 = v + k * ldv;
         const uint16_t *r1 = k + 1 < n ? r0 + ldv : r0;
         if (pfn) {
-            fa_prefetch_lines_at(r0 + pf * ldv, pfn * 2, 1);
-            if (r1 != r0) fa_prefetch_lines_at(r1 + pf * ldv, pfn * 2, 1);
+            fa_prefetch_bytes_at(r0 + pf * ldv, pfn * 2, 1);
+            if (r1 != r0) fa_prefetch_bytes_at(r1 + pf * ldv, pfn * 2, 1);
         }
         fa_vi_f z[FA_BD_PVR_ACC / 2];
         FA_UNROLL for (int c = 0; c < NC; c++) {
@@ -529,6 +521,9 @@ fa_qk_pass_bd(const uint16_t *restrict q2, int64_t ldq, const int R, int nrow, i
                 if (pf) fa_prefetch_at(kg + (u + pf) * ksr + d, 1);
                 memcpy(&kv[u], kg + u * ksr + d, sizeof kv[u]);
             }
+        if (pf && d == 0)       /* the line of a row's last element (fa_prefetch_bytes_at) */
+            FA_UNROLL for (int u = 0; u < G; u++)
+                if (u < nk) fa_prefetch_at(kg + (u + pf) * ksr + D - 1, 1);
         FA_UNROLL for (int i = 0; i < R; i++) {
             fa_vi_f qv;
             memcpy(&qv, q2 + i * ldq + d, sizeof qv);

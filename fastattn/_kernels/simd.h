@@ -166,8 +166,13 @@ static inline __attribute__((always_inline)) void fa_prefetch_at(const void *p, 
  * where l2 (a constant) != 0. */
 static inline __attribute__((always_inline)) void fa_prefetch_bytes_at(const void *p, int64_t nbytes, const int l2)
 {
-    const char *c = (const char *)p;
-    for (int64_t b = 0; b < nbytes; b += 64) fa_prefetch_at(c + b, l2);
+    /* every line the bytes touch: a row that does not start a line (NumPy's
+     * buffers start 16 bytes into one) touches one more than nbytes / 64, and
+     * where rows are not contiguous (a paged cache's blocks) nothing else
+     * requests that line */
+    if (nbytes <= 0) return;
+    const uintptr_t e = (uintptr_t)p + (uintptr_t)nbytes;
+    for (uintptr_t x = (uintptr_t)p & ~(uintptr_t)63; x < e; x += 64) fa_prefetch_at((const void *)x, l2);
 }
 
 static inline void fa_prefetch_bytes(const void *p, int64_t nbytes)

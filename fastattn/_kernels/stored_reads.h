@@ -235,6 +235,13 @@ FA_SSFX(fa_qk_pass)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_t 
     FA_V r[FA_QK_PAIRS];
     FA_UNROLL for (int x = 0; x < FA_QK_PAIRS; x++) r[x] = FA_SFX(fa_set1)(0);
     int64_t d = 0;
+    if (pf && D > 0)    /* the line of each row's last element: a row that does not start a line
+                         * touches one more than the loops below request (fa_prefetch_bytes_at) */
+        FA_UNROLL for (int u = 0; u < G; u++)
+            if (u < nk) {
+                if (keymajor) fa_prefetch_at(kg + (u + pf) * ksr + D - 1, 1);
+                else fa_prefetch_at(kg + (u + pf) * ksr + D - 1, l2);
+            }
 #ifdef FA_S_NATIVE
     if (keymajor && nk == G && D % FA_W == 0) {
         /* key pair by key pair (FA_QK_KEYS_SWEEP), each pair's rows read start
