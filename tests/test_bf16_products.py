@@ -132,7 +132,7 @@ def test_bf16_paged_few_rows_scores(bs, lq, g, rng):
                                   {"softcap": 5.0, "scale": 0.3}, {"kv_lengths": "half"}, {"sinks": True},
                                   {"num_threads": 1}])
 def test_bf16_few_rows_pv(qs, ks, opts, rng):
-    """Units of two or more rows with bfloat16 queries and values in place (GQA
+    """Units of two or more rows with bfloat16 queries, keys and values (GQA
     decode, draft tokens): on avx512_bf16 their P.V comes from pair dot products
     too (fa_pv_rows_bd: P rounded to bfloat16 against the tile's largest, two
     keys per instruction), so the output is within the rounding of P of the
