@@ -139,15 +139,15 @@ cdef inline bint row_bf16_pv(const Plan *P, const RowUnit *U, floating dummy) no
     """P.V of a few-rows unit of two or more rows by bfloat16 pair dot products
     (fa_pv_rows_bd): float compute on a target with them, bfloat16 queries, keys
     and values (as the query-vectorised unit's qvec_bf16_pv), the values read in
-    place without scales, whole chunks of
-    FA_BF16_PACK_COLS columns, a pass that accumulates P.V with the online
-    softmax (not return_weights' second pass).  P is rounded to bfloat16 against
-    each row's largest in the call (its largest exactly 1), as the
-    query-vectorised unit's qvec_bf16_pv rounds P against each tile's max; l sums
-    the unrounded P.  A unit of one row (MHA decode, fa_pv_qk_row1) keeps the
-    widened loop."""
+    place without scales, whole chunks of FA_BF16_PACK_COLS columns, a pass that
+    accumulates P.V with the online softmax (not return_weights' second pass).
+    P is rounded to bfloat16 against the tile's largest per row (ws.pm, kept by
+    row_tile_softmax: the largest exactly 1), as the query-vectorised unit
+    rounds P against each tile's max; l sums the unrounded P.  A unit of one row
+    (MHA decode, fa_pv_qk_row1) keeps the widened loop."""
     return (floating is float and FA_BF16_PV != 0 and P.q.store == STORE_BF16 and P.k.store == STORE_BF16
-            and P.v.store == STORE_BF16 and U.v_in_place and U.nr >= 2 and U.need_pv and U.mode != MODE_WEIGHTS
+            and P.v.store == STORE_BF16 and U.few and U.v_in_place and U.nr >= 2 and U.need_pv
+            and U.mode != MODE_WEIGHTS
             and P.vscale == SCALE_NONE and P.Dv > 0 and P.Dv % FA_BF16_PACK_COLS == 0)
 
 
