@@ -455,8 +455,13 @@ Parameters
 ----------
 grad_out : array_like, shape (..., Hq, Lq, Dv)
     Gradient of the loss with respect to ``out``; the shape and dtype of ``out``.
-q, k, v : array_like
-    The forward's inputs, as given to :func:`attention`.
+q, k, v : array_like (k, v: or fastattn.QuantizedKV)
+    The forward's inputs, as given to :func:`attention`.  An int8 / float8
+    ``k`` or ``v`` (with its ``k_scale`` / ``v_scale``) or a
+    :class:`fastattn.QuantizedKV` is read as the values the forward computed
+    with (``k.astype(float32) * k_scale``; ``(code - zero) * scale``),
+    converted into a temporary of the compute dtype: the backward kernels have
+    no readers for these formats (float16 and bfloat16 are read in place).
 out, lse : array_like
     The forward's results: ``out, lse = attention(q, k, v, ..., return_lse=True)``
     with the same options.
@@ -464,6 +469,9 @@ scale, causal, mask, bias, window, kv_lengths, kv_start, align, softcap, alibi_s
     The options of the forward call, with their meaning there.  softcap's
     ``tanh`` enters the chain rule; masks, ``kv_lengths`` and ALiBi slopes
     take no gradient.
+k_scale, v_scale : array_like, optional
+    The forward's scales of an int8 / float8 ``k`` / ``v`` (as for
+    :func:`attention`; not for a QuantizedKV, which carries its own).
 sinks : array_like, optional
     The forward's attention sinks (``lse`` then includes them, and the
     gradients of q, k, v keep their form).
@@ -480,7 +488,10 @@ Returns
 dq, dk, dv : ndarray
     In the shapes of q, k, v and their dtypes (integer inputs: the output's
     dtype; float16 / bfloat16 inputs are read in place, computed in float32
-    and their gradients rounded once into the input's dtype).  Gradients of
+    and their gradients rounded once into the input's dtype).  For a scaled
+    int8 / float8 or a QuantizedKV ``k`` / ``v``: the gradient with respect to
+    the values the forward computed with, in the output's dtype and the
+    logical shape ``(..., Lk, D)``.  Gradients of
     broadcast batch dims are summed back to the input's shape; with grouped
     heads (GQA/MQA) dk and dv sum over the query heads of their group.
 dbias : ndarray
@@ -496,10 +507,12 @@ Raises
 ValueError
     Shapes that attention() rejects, ``grad_out``, ``out`` or ``lse`` of another
     shape than attention() returns, ``return_dbias`` without a bias,
-    ``return_dsinks`` without sinks, invalid options.
+    ``return_dsinks`` without sinks, invalid options, a ``k_scale`` /
+    ``v_scale`` that broadcasts neither per key nor per channel.
 TypeError
     Non-numeric inputs, ``grad_out``, ``out`` or ``lse`` of another dtype than
-    attention() returns, options of the wrong type.
+    attention() returns, options of the wrong type, a ``k_scale`` / ``v_scale``
+    for a ``k`` / ``v`` that is neither int8 nor float8 (or a QuantizedKV).
 
 See Also
 --------

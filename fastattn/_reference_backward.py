@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._reference_attention import _group_heads, _visibility
-from ._reference_checks import _as_f64, _broadcast_arg, _check_scale, _check_softcap
+from ._reference_checks import _as_f64, _broadcast_arg, _check_scale, _check_softcap, _kv_input, _kv_scaled
 from ._reference_sinks import check_sinks, sink_gradient
 
 
@@ -48,7 +48,8 @@ def _check_grad_operand(x, name, shape):
 
 def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False, mask=None,
                        bias=None, window=None, kv_lengths=None, kv_start=None, align="top_left",
-                       softcap=None, alibi_slopes=None, sinks=None, return_dbias=False, return_dsinks=False):
+                       softcap=None, alibi_slopes=None, k_scale=None, v_scale=None, sinks=None,
+                       return_dbias=False, return_dsinks=False):
     """Compute the gradients of :func:`attention` (reference, float64, materialised scores).
 
     ``out, lse = attention(q, k, v, ..., return_lse=True)`` with the same options;
@@ -72,7 +73,11 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
     back to each input's shape, grouped query heads (GQA/MQA) are summed into
     their key/value head.  With ``sinks`` (and ``lse`` from the forward with
     those sinks, so that it includes them) the formulas above hold as written,
-    and ``d sink = -sum_rows exp(sink - lse) * D``.
+    and ``d sink = -sum_rows exp(sink - lse) * D``.  Keys and values stored as
+    int8 / float8 with ``k_scale`` / ``v_scale``, or as a
+    :class:`fastattn.QuantizedKV`, enter as the values :func:`attention` computes
+    with (``k * k_scale``; ``(code - zero) * scale``), and ``dk`` / ``dv`` are the
+    gradients with respect to those values.
 
     Parameters
     ----------
@@ -80,9 +85,9 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
         Gradient of the loss with respect to ``out``.
     q : array_like, shape (..., Lq, Dk)
         The forward's queries.
-    k : array_like, shape (..., Lk, Dk)
+    k : array_like or fastattn.QuantizedKV, shape (..., Lk, Dk)
         The forward's keys.
-    v : array_like, shape (..., Lk, Dv)
+    v : array_like or fastattn.QuantizedKV, shape (..., Lk, Dv)
         The forward's values.
     out : array_like, shape (..., Lq, Dv)
         The forward's output.
@@ -90,6 +95,8 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
         The forward's log-sum-exp.
     scale, causal, mask, bias, window, kv_lengths, kv_start, align, softcap, alibi_slopes : optional
         The forward call's options, meaning what they mean for :func:`attention`.
+    k_scale, v_scale : array_like, optional
+        The forward's scales of int8 / float8 ``k`` / ``v``, as for :func:`attention`.
     sinks : array_like, broadcastable to the batch dims, optional
         The forward's attention sinks.
     return_dbias : bool, optional
@@ -100,7 +107,8 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
     Returns
     -------
     dq, dk, dv : ndarray of float64
-        In the shapes of q, k, v.
+        In the shapes of q, k, v (a QuantizedKV's logical shape); ``dk`` / ``dv``
+        with respect to the keys / values the forward computed with.
     dbias : ndarray of float64
         Only with ``return_dbias=True``: in bias's shape.
     dsinks : ndarray of float64
@@ -131,11 +139,14 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
     ((1, 3, 3), 9.0)
     """
     q = _as_f64(q, "q")
-    k = _as_f64(k, "k")
-    v = _as_f64(v, "v")
+    k_raw, k = _kv_input(k, "k")
+    v_raw, v = _kv_input(v, "v")
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim < 2:
             raise ValueError(f"{name} must be at least 2-D (..., L, D), got shape {a.shape}")
+    # int8 / float8 keys and values with scales: the values are k * k_scale, v * v_scale
+    k = _kv_scaled(k, k_raw, k_scale, "k_scale", "k")
+    v = _kv_scaled(v, v_raw, v_scale, "v_scale", "v")
     Lq, Dk = q.shape[-2:]
     Lk, Dk2 = k.shape[-2:]
     Lv, Dv = v.shape[-2:]

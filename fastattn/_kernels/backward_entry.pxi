@@ -72,27 +72,68 @@ cdef object sinks_gradient(dout, outc, lsec, cnp.ndarray snk, tuple batch):
         return -(p_sink * d).sum(axis=-1)
 
 
+cdef cnp.ndarray backward_kv(cnp.ndarray a, kq, kv_scale, int ctype):
+    """k or v as the backward kernels read it: float16 / bfloat16 in place, anything
+    else in the compute type -- an int8 / float8 array times its parsed scale
+    (a.astype(compute) * scale, the forward's values) and a QuantizedKV's
+    (code - zero) * scale (kq: the cache, a its stand-in): a copy of the values.
+    The backward kernels have no int8 / float8 / quantized readers; a gradient
+    step reads K and V a few times over, so the copy is a fraction of its work."""
+    cdef object dt = dtype_of(ctype)
+    if kq is not None:
+        codes = kq.codes()
+        G = kq.group_size
+        shape = (<object>a).shape
+        D = shape[len(shape) - 1]
+        if D == 0:
+            return np.zeros(shape, dtype=dt)
+        c = codes.reshape(shape[:-1] + (D // G, G)).astype(dt)
+        c -= kq.zero.astype(dt)[..., None]
+        c *= kq.scale.astype(dt)[..., None]
+        return c.reshape(shape)
+    if kv_scale is not None:
+        return np.multiply(a.astype(dt), np.asarray(kv_scale).astype(dt))
+    return stored_operand(a, ctype, False)
+
+
 def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False, mask=None, bias=None,
                        window=None, kv_lengths=None, kv_start=None, align="top_left", softcap=None,
-                       alibi_slopes=None, sinks=None, return_dbias=False, return_dsinks=False, num_threads=None):
+                       alibi_slopes=None, k_scale=None, v_scale=None, sinks=None, return_dbias=False,
+                       return_dsinks=False, num_threads=None):
     cdef BwdPlan B
     cdef cnp.ndarray qa, ka, va, q0, k0, v0, dq, dk, dv
     cdef cnp.ndarray ma = None, ba = None, kvt = None, kst = None, slt = None, dbias = None, bias_in = None
     cdef cnp.ndarray snk = None
-    cdef int ctype, otype, nbq, d
+    cdef int ctype, otype, nbq, d, kkind = SCALE_NONE, vkind = SCALE_NONE
     cdef cnp.npy_intp dims[MAXDIM + 2]
     cdef cnp.npy_intp kvdims[MAXDIM + 2]
+    cdef object kq = None, vq = None
+    if type(k) is not cnp.ndarray and is_qkv(k):
+        kq = k
+        k = qkv_stand_in(k, "k")
+    if type(v) is not cnp.ndarray and is_qkv(v):
+        vq = v
+        v = qkv_stand_in(v, "v")
     if not (type(q) is cnp.ndarray and type(k) is cnp.ndarray and type(v) is cnp.ndarray and plain(mask)
-            and plain(bias) and plain(sinks)):
-        refuse_qkv("attention_backward", (("k", k), ("v", v)))
-        _foreign_attention(q, k, v, dict(mask=mask, bias=bias, sinks=sinks))      # masked arrays: refused
+            and plain(bias) and plain(sinks) and plain(k_scale) and plain(v_scale)):
+        # masked arrays: refused (their mask would be ignored); torch tensors and other
+        # array-likes are converted below
+        _refuse_foreign((("q", q), ("k", k), ("v", v), ("mask", mask), ("bias", bias), ("sinks", sinks),
+                         ("k_scale", k_scale), ("v_scale", v_scale)))
     qa = as_input(q, "q")
     ka = as_input(k, "k")
     va = as_input(v, "v")
     check_qkv_shapes(qa, ka, va)
     check_num_threads(num_threads)
     ctype = compute_type(qa, ka, va, &otype)
-    q0, k0, v0 = qa, ka, va
+    check_qkv_scales(kq, vq, k_scale, v_scale, "k", "v")
+    k_scale = parse_kv_scale(k_scale, "k_scale", ka, "k", &kkind)
+    v_scale = parse_kv_scale(v_scale, "v_scale", va, "v", &vkind)
+    # the gradients of a QuantizedKV or scaled k / v are with respect to the values the
+    # forward computed with, in the output's dtype, in its logical shape
+    q0 = qa
+    k0 = ka if kq is None and k_scale is None else np.broadcast_to(np.zeros((), np.int8), (<object>ka).shape)
+    v0 = va if vq is None and v_scale is None else np.broadcast_to(np.zeros((), np.int8), (<object>va).shape)
     B.P.Lq = qa.shape[qa.ndim - 2]
     B.P.Lk = ka.shape[ka.ndim - 2]
     B.P.Dk = qa.shape[qa.ndim - 1]
@@ -145,10 +186,11 @@ def attention_backward(grad_out, q, k, v, out, lse, *, scale=None, causal=False,
         dbias = np.zeros((<object>ba).shape, dtype=dtype_of(ctype))
     if not empty:
         # float16 / bfloat16 q, k, v (and grad_out, out) are read in place; other
-        # types are converted to the compute type (int8 / float8 k and v: a copy)
+        # types are converted to the compute type (int8 / float8 k and v, with their
+        # scales, and QuantizedKV caches: a copy of the values, see backward_kv)
         qa = stored_operand(qa, ctype, False)
-        ka = stored_operand(ka, ctype, False)
-        va = stored_operand(va, ctype, False)
+        ka = backward_kv(ka, kq, k_scale, ctype)
+        va = backward_kv(va, vq, v_scale, ctype)
         backward_execute(&B, dout, qa, ka, va, outc, lsec, dq, dk, dv, dbias, ma, ba, kvt, kst, slt, num_threads)
     res = (finish_gradient(dq, q0, otype), finish_gradient(dk, k0, otype), finish_gradient(dv, v0, otype))
     if return_dbias:

@@ -36,7 +36,7 @@ __all__ = ["attention", "scaled_dot_product_attention", "softmax", "log_softmax"
 
 # the attention keywords that the backward needs as the forward had them
 _BACKWARD_OPTIONS = ("scale", "causal", "mask", "window", "kv_lengths", "kv_start", "align", "softcap",
-                     "alibi_slopes", "num_threads")
+                     "alibi_slopes", "k_scale", "v_scale", "num_threads")
 
 
 def _tensor_to_array(t, name):
@@ -125,8 +125,10 @@ def attention(q, k, v, **options):
         dtype: it is written in place and returned.  When a gradient is
         needed, the options other than ``bias``, ``sinks``, ``return_weights`` and
         ``return_lse`` that are given (not None) must be ones that
-        :func:`fastattn.attention_backward` takes: ``out``, ``k_scale`` and
-        ``v_scale`` then raise TypeError.
+        :func:`fastattn.attention_backward` takes: ``out`` then raises
+        TypeError.  Scaled int8 / float8 and :class:`fastattn.QuantizedKV`
+        ``k`` / ``v`` take no gradient themselves; ``q`` (and a float ``k`` or
+        ``v`` beside them) get theirs.
 
     Returns
     -------
