@@ -451,6 +451,16 @@ def check_slice(case, out, np):
     return np.stack([np.asarray(out[b, h, rows], dtype=np.float64) for b, h in pairs])
 
 
+def ceiling_bytes(case):
+    """Bytes a memory-bound case must move, over which its read ceiling is measured
+    (None for compute-bound cases): K and V once for decode, read + write for softmax."""
+    if case["kind"] == "softmax":
+        return 2 * case["rows"] * case["cols"] * (8 if case["dtype"] == "float64" else 4)
+    if case.get("decode"):
+        return H.kv_bytes(case)
+    return None
+
+
 def child_main(lib, case, threads, min_time, check, dump=None):
     """Time ``lib`` on ``case`` in this (fresh) process; return a result dict.
     ``dump``: where to save the output's check slice (a .npy path) for the
@@ -478,6 +488,12 @@ def child_main(lib, case, threads, min_time, check, dump=None):
             np.save(dump, piece)
     result["samples"] = H.time_calls(fn, min_time)
     result["seconds"] = H._median(result["samples"])
+    nbytes = ceiling_bytes(case)
+    if lib == "fastattn" and nbytes:
+        # the read loop over the same bytes right after the case, in its process:
+        # the same state of the machine (compare.case_read_ceiling)
+        from fastattn._dispatch import kernels
+        result["read_after_gbs"] = kernels.read_bandwidth(nbytes, threads, min_time=min(min_time, 0.1) / 4)
     return result
 
 

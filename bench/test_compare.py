@@ -256,3 +256,28 @@ def test_quantized_cases_time_the_kernels_once_they_take_a_quantizedkv(compare, 
     with pytest.raises(TypeError):
         compare.P.child_main("fastattn", dict(next(c for c in H.KV_CASES if c["id"] == "decode-f8e4"), Lk=64),
                              1, 0.01, True)
+
+
+def test_decode_read_ceiling_includes_the_readings_after_its_runs(compare):
+    # a decode case of 64 MiB that ran at 40 GB/s: the run's spread readings were
+    # taken in a slow phase (30 GB/s: 133 %), the loop right after each fastattn run
+    # read 45 and 50 GB/s -> 40 / 50 = 80 %
+    res = _results([2.0], [1.0])
+    case = dict(res["cases"][0]["case"], id="decode", Lq=1, Hq=32, Hkv=32, Lk=4096, D=128, Dv=128,
+                decode=True)
+    nbytes = compare.ceiling_bytes(case)
+    assert nbytes == 2 * 32 * 4096 * 128 * 4
+    t = nbytes / 40e9
+    res["cases"][0]["case"] = case
+    res["cases"][0]["runs"]["fastattn"] = [{"seconds": t, "read_after_gbs": 45.0},
+                                           {"seconds": t, "read_after_gbs": 50.0}, {"seconds": t}]
+    res["ceilings"] = [{"read_ceiling_gbs": {str(nbytes): 30.0}}]
+    _, rows = compare.summarize(res)
+    assert rows[0]["gbs"] == pytest.approx(40.0)
+    assert rows[0]["pct_bw"] == pytest.approx(80.0)
+    # no readings after the runs (an older JSON): the run's best reading alone
+    for r in res["cases"][0]["runs"]["fastattn"]:
+        r.pop("read_after_gbs", None)
+    _, rows = compare.summarize(res)
+    assert rows[0]["pct_bw"] == pytest.approx(100 * 40.0 / 30.0)
+    assert compare.case_read_ceiling(None, []) is None
