@@ -9,11 +9,12 @@ and timing), then the read loop of the kernel module (``kernels.read_bandwidth``
 the ceiling of compare.py) over the case's K and V bytes, right after it.
 Printed: the case's GB/s of stored K and V, the read loop's GB/s and their ratio.
 
-Why: compare.py measures its ceilings at a few points of a run and quotes each
-case against the best reading; on a VM the memory system moves by a quarter or
-more between readings, and a buffer up to a few times the last-level cache is
-partly served from that cache by a bare read loop run again and again.  Back to
-back, case and loop see the same machine state.
+Why: on a VM the memory system moves by a quarter or more within minutes, and a
+buffer up to a few times the last-level cache is partly served from that cache by
+a bare read loop run again and again.  Back to back, case and loop see the same
+machine state.  compare.py quotes a case against the best of its ceiling readings
+spread over the run and those taken right after each of the case's fastattn runs;
+this tool repeats case and loop in rounds, one process, for a closer look.
 """
 from __future__ import annotations
 
