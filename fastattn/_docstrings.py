@@ -22,7 +22,9 @@ k : array_like or fastattn.QuantizedKV, shape (..., Lk, Dk)
     Keys: the same last dimension ``Dk`` as ``q``.  A
     :class:`fastattn.QuantizedKV` (8-bit or 4-bit codes with a scale and
     zero point per group, from :func:`fastattn.quantize_kv` or a serving
-    engine's buffers) is read in place, never dequantized into a copy.
+    engine's buffers) is read in place, never dequantized into a copy; its
+    ``dtype`` is float32 in the output dtype's rule below (a float16 ``q``
+    with a QuantizedKV cache gives a float32 output).
 v : array_like or fastattn.QuantizedKV, shape (..., Lk, Dv)
     Values: as many rows ``Lk`` as ``k``; ``Dv`` may differ from ``Dk``.
     The batch dims of ``q``, ``k`` and ``v`` broadcast by NumPy rules, as
