@@ -194,13 +194,19 @@ class QuantizedKV:
 
     def dequantize(self, dtype=np.float32):
         """The values ``(code - zero) * scale`` as a new array of the logical shape.
-        For inspection and tests: the attention functions never call it."""
-        c = self.codes().astype(np.float32)
+        For inspection and tests: the forward attention functions never call it
+        (:func:`fastattn.attention_backward`, which has no quantized readers,
+        computes the same values in its compute dtype)."""
+        return self._values(np.float32).astype(dtype, copy=False)
+
+    def _values(self, dtype):
+        """``(code - zero) * scale`` of the logical shape, computed in ``dtype``."""
+        c = self.codes().astype(dtype)
         G = self.group_size
-        c = c.reshape(self.shape[:-1] + (self.shape[-1] // G, G)) if self.shape[-1] else c
         if self.shape[-1]:
-            c = (c - self.zero[..., None]) * self.scale[..., None]
-        return c.reshape(self.shape).astype(dtype, copy=False)
+            c = c.reshape(self.shape[:-1] + (self.shape[-1] // G, G))
+            c = (c - self.zero.astype(dtype)[..., None]) * self.scale.astype(dtype)[..., None]
+        return c.reshape(self.shape)
 
     def __repr__(self):
         return (f"QuantizedKV(shape={self.shape}, bits={self.bits}, group_size={self.group_size}, "

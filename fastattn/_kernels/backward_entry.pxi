@@ -81,16 +81,7 @@ cdef cnp.ndarray backward_kv(cnp.ndarray a, kq, kv_scale, int ctype):
     step reads K and V a few times over, so the copy is a fraction of its work."""
     cdef object dt = dtype_of(ctype)
     if kq is not None:
-        codes = kq.codes()
-        G = kq.group_size
-        shape = (<object>a).shape
-        D = shape[len(shape) - 1]
-        if D == 0:
-            return np.zeros(shape, dtype=dt)
-        c = codes.reshape(shape[:-1] + (D // G, G)).astype(dt)
-        c -= kq.zero.astype(dt)[..., None]
-        c *= kq.scale.astype(dt)[..., None]
-        return c.reshape(shape)
+        return kq._values(dt)
     if kv_scale is not None:
         return np.multiply(a.astype(dt), np.asarray(kv_scale).astype(dt))
     return stored_operand(a, ctype, False)
