@@ -274,3 +274,16 @@ def cache_options(opt, rng, B, Hq, Lq, Lk):
     if options.get("mask") == "mask":
         options["mask"] = rng.random((Lq, Lk)) < 0.7
     return options
+
+
+def dequantized(c):
+    """The documented meaning of a QuantizedKV's fields, independently of the
+    reference: element d = (code - zero[d // G]) * scale[d // G], in float64."""
+    codes = c.data.astype(np.float64)
+    if c.bits == 4:
+        lo, hi = c.data & 15, c.data >> 4
+        codes = np.stack([lo, hi], axis=-1).reshape(c.shape).astype(np.float64)
+    G = c.group_size
+    s = np.repeat(c.scale.astype(np.float64), G, axis=-1)
+    z = np.repeat(c.zero.astype(np.float64), G, axis=-1)
+    return (codes - z) * s

@@ -12,6 +12,7 @@ import pytest
 import fastattn
 from fastattn import reference
 from fastattn._quantized import QuantizedKV, quantize_kv
+from fa_testutil import dequantized
 
 try:
     import ml_dtypes
@@ -22,15 +23,6 @@ except ImportError:     # the float8 cases skip with their reason
 def rng_for(*key):
     """A generator seeded by the test's parameters (crc32: the same in every process)."""
     return np.random.default_rng(zlib.crc32(repr(("bwd-kv",) + key).encode()))
-
-
-def dequantized(c):
-    """element d = (code - zero[d // G]) * scale[d // G], in float64, from the fields"""
-    codes = c.data.astype(np.float64)
-    if c.bits == 4:
-        codes = np.stack([c.data & 15, c.data >> 4], axis=-1).reshape(c.shape).astype(np.float64)
-    G = c.group_size
-    return (codes - np.repeat(c.zero.astype(np.float64), G, -1)) * np.repeat(c.scale.astype(np.float64), G, -1)
 
 
 def close(got, want, tol=2e-5):

@@ -9,7 +9,7 @@ import pytest
 import fastattn
 from fastattn import reference
 from fastattn._quantized import QuantizedKV, quantize_kv
-from fa_testutil import CACHE_OPTIONS, cache_options
+from fa_testutil import CACHE_OPTIONS, cache_options, dequantized
 
 
 def rng_for(*key):
@@ -18,19 +18,6 @@ def rng_for(*key):
 
 def quantized(rng, shape, bits, G):
     return quantize_kv(rng.standard_normal(shape).astype(np.float32), bits=bits, group_size=G)
-
-
-def dequantized(c):
-    """The documented meaning of a QuantizedKV's fields, independently of the
-    reference: element d = (code - zero[d // G]) * scale[d // G]."""
-    codes = c.data.astype(np.float64)
-    if c.bits == 4:
-        lo, hi = c.data & 15, c.data >> 4
-        codes = np.stack([lo, hi], axis=-1).reshape(c.shape).astype(np.float64)
-    G = c.group_size
-    s = np.repeat(c.scale.astype(np.float64), G, axis=-1)
-    z = np.repeat(c.zero.astype(np.float64), G, axis=-1)
-    return (codes - z) * s
 
 
 def check(got, want, tol=3e-5):
