@@ -90,32 +90,39 @@ def test_threads_get_the_sequential_results():
             assert all(np.array_equal(a, b) for a, b in zip(r, e))
 
 
-def _gil_calls():
-    """One call of each entry point, each sized to run for a few milliseconds or more."""
+GIL_CALLS = ("attention", "decode", "quantized decode", "backward", "varlen", "paged", "softmax")
+
+
+def _gil_call(name):
+    """One call of the entry point ``name``, sized to run for a few milliseconds or
+    more; only its own inputs are built."""
     rng = np.random.default_rng(5)
     r = lambda *s: rng.standard_normal(s).astype(np.float32)      # noqa: E731
-    q, k, v = r(1, 8, 512, 64), r(1, 8, 512, 64), r(1, 8, 512, 64)
-    out, lse = fastattn.attention(q, k, v, causal=True, return_lse=True)
-    dq, dk, dv = r(1, 32, 1, 128), r(1, 32, 4096, 128), r(1, 32, 4096, 128)
-    cu = np.array([0, 300, 512, 1024, 1536, 2048])
-    vq, vk = r(8, 2048, 64), r(8, 2048, 64)
-    kc, vc = r(512, 8, 16, 128), r(512, 8, 16, 128)
-    table = np.arange(512).reshape(8, 64)
+    if name in ("attention", "backward"):
+        q, k, v = r(1, 8, 512, 64), r(1, 8, 512, 64), r(1, 8, 512, 64)
+        if name == "attention":
+            return lambda: fastattn.attention(q, k, v, causal=True, num_threads=1)
+        out, lse = fastattn.attention(q, k, v, causal=True, return_lse=True)
+        return lambda: fastattn.attention_backward(out, q, k, v, out, lse, causal=True, num_threads=1)
+    if name == "decode":
+        dq, dk, dv = r(1, 32, 1, 128), r(1, 32, 4096, 128), r(1, 32, 4096, 128)
+        return lambda: fastattn.attention(dq, dk, dv, num_threads=1)
+    if name == "quantized decode":
+        dq, kq = r(1, 32, 1, 128), fastattn.quantize_kv(r(1, 32, 8192, 128), bits=4)
+        return lambda: fastattn.attention(dq, kq, kq, num_threads=1)
+    if name == "varlen":
+        cu = np.array([0, 300, 512, 1024, 1536, 2048])
+        vq, vk = r(8, 2048, 64), r(8, 2048, 64)
+        return lambda: fastattn.attention_varlen(vq, vk, vk, cu, causal=True, num_threads=1)
+    if name == "paged":
+        pq, kc, vc = r(8, 32, 1, 128), r(512, 8, 16, 128), r(512, 8, 16, 128)
+        table, lens = np.arange(512).reshape(8, 64), np.full(8, 1024)
+        return lambda: fastattn.attention_paged(pq, kc, vc, table, lens, num_threads=1)
     x = r(2048, 4096)
-    kq = fastattn.quantize_kv(r(1, 32, 8192, 128), bits=4)
-    return {
-        "attention": lambda: fastattn.attention(q, k, v, causal=True, num_threads=1),
-        "decode": lambda: fastattn.attention(dq, dk, dv, num_threads=1),
-        "quantized decode": lambda: fastattn.attention(dq, kq, kq, num_threads=1),
-        "backward": lambda: fastattn.attention_backward(out, q, k, v, out, lse, causal=True, num_threads=1),
-        "varlen": lambda: fastattn.attention_varlen(vq, vk, vk, cu, causal=True, num_threads=1),
-        "paged": lambda: fastattn.attention_paged(r(8, 32, 1, 128), kc, vc, table, np.full(8, 1024),
-                                                  num_threads=1),
-        "softmax": lambda: fastattn.softmax(x, num_threads=1),
-    }
+    return lambda: fastattn.softmax(x, num_threads=1)
 
 
-@pytest.mark.parametrize("name", list(_gil_calls()))
+@pytest.mark.parametrize("name", GIL_CALLS)
 def test_calls_release_the_gil(name):
     """While one thread is inside a call, another Python thread keeps running: the
     kernels run without the GIL.  A call that held it would stop the counting
@@ -124,7 +131,7 @@ def test_calls_release_the_gil(name):
     in calls of 1 ms, 3 % in calls of 3 ms.  Asserted: it counts at least 25 % of
     the time (at the rate it counts while this thread sleeps) over 100 ms of
     calls -- no speed ratio, so another process on the cores does not fail it."""
-    call = _gil_calls()[name]
+    call = _gil_call(name)
     call()                        # warm-up: lazy imports, the thread pool
     count = [0]
     stop = threading.Event()
