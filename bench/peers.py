@@ -493,8 +493,14 @@ def child_main(lib, case, threads, min_time, check, dump=None):
         # the read loop over the same bytes right after the case, in its process:
         # the same state of the machine (compare.case_read_ceiling)
         from fastattn._dispatch import kernels
-        result["read_after_gbs"] = kernels.read_bandwidth(nbytes, threads, min_time=min(min_time, 0.1) / 4)
+        result["read_after_gbs"] = read_ceiling(kernels, nbytes, threads, min_time)
     return result
+
+
+def read_ceiling(kernels, nbytes, threads, min_time):
+    """GB/s of the compiled read loop over ``nbytes``: the same timing for the run's
+    spread readings (ceilings_main) and the one after each memory-bound case."""
+    return kernels.read_bandwidth(int(nbytes), threads, min_time=min(min_time, 0.1) / 4)
 
 
 def ceilings_main(threads, min_time, read_bytes, np):
@@ -513,7 +519,7 @@ def ceilings_main(threads, min_time, read_bytes, np):
     res["fma_gflops"] = kernels.fma_peak(threads, min_time=t)
     res["fma_f64_gflops"] = kernels.fma_peak(threads, dtype="float64", min_time=t)
     res["bf16_dot_gflops"] = kernels.fma_peak(threads, dtype="bfloat16", min_time=t)
-    res["read_ceiling_gbs"] = {str(n): kernels.read_bandwidth(int(n), threads, min_time=t / 4)
+    res["read_ceiling_gbs"] = {str(n): read_ceiling(kernels, n, threads, min_time)
                                for n in sorted(set(int(n) for n in read_bytes))}
     return res
 
