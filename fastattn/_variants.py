@@ -42,6 +42,10 @@ VARIANTS = {
         Variant("avx512_bf16", "x86_avx512_bf16.h", _V4_FLAGS + ("-mavx512bf16",),
                 _X86_V4 + ("avx512bf16",), ("AuthenticAMD",),
                 "x86-64-v4 + AVX512_BF16: bfloat16 Q.K^T and P.V by VDPBF16PS pair dot products"),
+        # AMX tiles (Sapphire Rapids and later Xeons; Linux, which grants the tile state)
+        Variant("avx512_amx", "x86_avx512_amx.h", _V4_FLAGS + ("-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
+                _X86_V4 + ("avx512bf16", "amx_bf16"), (),
+                "x86-64-v4 + AVX512_BF16 + AMX: bfloat16 Q.K^T and P.V of long inputs by TDPBF16PS tiles"),
     ),
     "aarch64": (
         Variant("baseline", "generic.h", (), (), (),

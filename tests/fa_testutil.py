@@ -74,6 +74,11 @@ def rms_rel_err(a, ref):
     return float(np.sqrt(np.mean(d * d)) / np.sqrt(np.mean(r * r)))
 
 
+# The variants whose query-vectorised unit multiplies bfloat16 P.V with P rounded to
+# bfloat16 (against each tile's max): VDPBF16PS pair dot products, or AMX tiles.
+P_ROUNDING_VARIANTS = ("avx512_bf16", "avx512_amx")
+
+
 def within_bf16_p_rounding(out, want, absw, slack=2e-6):
     """Elementwise: is out within the rounding of P to bfloat16 of want?  Each
     probability rounded to bfloat16 (relative error <= 2^-8: 8 significant bits)

@@ -11,7 +11,7 @@ import pytest
 
 import fastattn
 from fastattn import _dispatch
-from fa_testutil import rms_rel_err, within_bf16_p_rounding
+from fa_testutil import P_ROUNDING_VARIANTS, rms_rel_err, within_bf16_p_rounding
 from fastattn import reference as R
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -31,8 +31,8 @@ def test_bf16_scores_match_float64(shape, causal, rng):
     want, want_lse = R.attention(f64(q), f64(k), f64(v), causal=causal, return_lse=True)
     # lse carries the scores' float32 rounding only: exact products, float32 sums
     assert np.abs(lse - want_lse).max() <= 4e-6 * max(1.0, np.abs(want_lse).max())
-    if _dispatch.VARIANT == "avx512_bf16":
-        # P.V by pair dot products too: P rounded to bfloat16 first
+    if _dispatch.VARIANT in P_ROUNDING_VARIANTS:
+        # P.V by pair dot products (or AMX tiles) too: P rounded to bfloat16 first
         assert np.all(within_bf16_p_rounding(o, want, R.attention(f64(q), f64(k), np.abs(f64(v)), causal=causal)))
     else:
         # the output: float32 result rounded once to bfloat16

@@ -77,9 +77,12 @@ def test_universal2_builds_one_architecture():
 def test_supported_honours_features_and_vendors():
     x86 = dict.fromkeys(_cpu.FEATURES["x86_64"], True)
     can, auto = _variants.supported("x86_64", x86, "GenuineIntel")
-    assert can == ["baseline", "avx2", "avx512", "avx512_bf16"]
-    assert auto == ["baseline", "avx2", "avx512"]
-    assert _variants.supported("x86_64", x86, "AuthenticAMD")[1][-1] == "avx512_bf16"
+    assert can == ["baseline", "avx2", "avx512", "avx512_bf16", "avx512_amx"]
+    assert auto == ["baseline", "avx2", "avx512", "avx512_amx"]
+    no_amx = dict(x86, amx_bf16=False)   # Zen 4 / 5, Ice Lake, or a kernel that refused the tile state
+    assert _variants.supported("x86_64", no_amx, "GenuineIntel")[1][-1] == "avx512"
+    assert _variants.supported("x86_64", no_amx, "AuthenticAMD")[1][-1] == "avx512_bf16"
+    assert _variants.supported("x86_64", x86, "AuthenticAMD")[1][-1] == "avx512_amx"
     no_bf16 = dict(x86, avx512bf16=False)
     assert _variants.supported("x86_64", no_bf16, "AuthenticAMD")[0][-1] == "avx512"
     no_zmm = dict(x86, avx512f=False)   # e.g. the OS does not save the ZMM state
@@ -111,6 +114,8 @@ def test_x86_features_agree_with_the_kernel():
     flags = set(text.split("flags", 1)[1].split(":", 1)[1].split("\n", 1)[0].split())
     linux_name = {"avx512bf16": "avx512_bf16"}
     feats = _cpu.cpu_features()
+    # amx_bf16: AMX-BF16 and AMX-TILE, the tile state granted to this process
+    feats["amx_bf16"] = feats["amx_bf16"] or ("amx_bf16" in flags) != ("amx_tile" in flags)
     wrong = {k: v for k, v in feats.items() if v != (linux_name.get(k, k) in flags)}
     assert not wrong, f"CPUID/XGETBV and /proc/cpuinfo disagree on {wrong}"
     vendor = text.split("vendor_id", 1)[1].split(":", 1)[1].split("\n", 1)[0].strip()

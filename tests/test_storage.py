@@ -13,7 +13,7 @@ import pytest
 import fastattn
 from fastattn import _dispatch
 from fastattn import reference as R
-from fa_testutil import within_bf16_p_rounding
+from fa_testutil import P_ROUNDING_VARIANTS, within_bf16_p_rounding
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -107,7 +107,7 @@ def test_all_half_inputs_give_half_outputs_rounded_once(half, rng):
         want, want_lse = R.attention(f64(q), f64(k), f64(v), bias=f64(bias), causal="bottom_right",
                                      return_lse=True)
         assert rel_rms(lse, want_lse) <= 1e-5
-        if half == BF16 and _dispatch.VARIANT == "avx512_bf16":
+        if half == BF16 and _dispatch.VARIANT in P_ROUNDING_VARIANTS:
             # P.V by bfloat16 pair dot products: each probability rounded to
             # bfloat16 (relative error <= 2^-8) before the float32 sums, so an
             # output moves by at most 2^-8 * sum_j w_j |v_j| from the float32
@@ -146,7 +146,7 @@ def test_half_outputs_written_by_the_kernels(half, rng):
         lengths = np.array([[0] + [ks[-2] - 7] * (qs[1] - 1)])      # a head that sees nothing (1, H)
         want = fastattn.attention(q.astype(np.float32), k, v, kv_lengths=lengths).astype(half)
         got = fastattn.attention(q, k, v, kv_lengths=lengths)
-        if half == BF16 and _dispatch.VARIANT == "avx512_bf16":
+        if half == BF16 and _dispatch.VARIANT in P_ROUNDING_VARIANTS:
             # the query-vectorised unit's P.V by bfloat16 pair dot products rounds P
             # to bfloat16 first (test_all_half_inputs_give_half_outputs_rounded_once):
             # within that of the float32 path; the out= forms below give its bits

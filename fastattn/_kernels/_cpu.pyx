@@ -38,6 +38,23 @@ cdef extern from *:
     }
     static unsigned long long fa_xcr0(void) { return _xgetbv(0); }
     #endif
+    #if defined(__linux__)
+    #include <unistd.h>
+    #include <sys/syscall.h>
+    /* Linux gives a process the AMX tile data state only when asked
+       (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), kernel 5.16+); a tile
+       instruction before that faults.  Asked once; every later thread has it. */
+    static int fa_amx_granted = -1;
+    static int fa_amx_permit(void) {
+        if (fa_amx_granted < 0)
+            fa_amx_granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                     18 /* XFEATURE_XTILEDATA */) == 0;
+        return fa_amx_granted;
+    }
+    #else
+    /* elsewhere the tiles are not used (no tested way to ask for their state) */
+    static int fa_amx_permit(void) { return 0; }
+    #endif
     static char fa_vendor_buf[13];
     static const char *fa_cpu_vendor(void) {
         unsigned r[4]; fa_cpuid(0, 0, r);
@@ -70,6 +87,10 @@ cdef extern from *:
         if (!strcmp(name, "avx512bw")) return os_avx512 && ((r7[1] >> 30) & 1);
         if (!strcmp(name, "avx512vl")) return os_avx512 && ((r7[1] >> 31) & 1);
         if (!strcmp(name, "avx512bf16")) return os_avx512 && ((r71[0] >> 5) & 1);
+        /* AMX-TILE (EDX bit 24) with AMX-BF16 (bit 22), the OS saving the tile
+           configuration and data (XCR0 bits 17, 18), and the process granted them */
+        if (!strcmp(name, "amx_bf16"))
+            return ((r7[3] >> 24) & 1) && ((r7[3] >> 22) & 1) && (xcr0 & 0x60000) == 0x60000 && fa_amx_permit();
         return 0;
     }
     #elif defined(__aarch64__) || defined(_M_ARM64)
@@ -125,7 +146,7 @@ cdef extern from *:
 
 FEATURES = {
     "x86_64": ("sse2", "avx", "avx2", "fma", "f16c", "bmi2",
-               "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512bf16"),
+               "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512bf16", "amx_bf16"),
     "aarch64": ("asimd", "asimdhp", "asimddp", "i8mm", "bf16", "sve", "sve2"),
 }
 X86_FEATURES = FEATURES["x86_64"]

@@ -644,10 +644,11 @@ cdef int backward_execute(BwdPlan *B, cnp.ndarray dout, cnp.ndarray q, cnp.ndarr
     fill_operand(&B.dv, dv, 2, &B.P, hq)
     B.want_dbias = dbias is not None
     # bfloat16 pair dot products for S and dP where both operands are bfloat16 (the
-    # forward's choice for S: fastattn.attention reads q and k the same way)
-    B.bd_s = (typenum == cnp.NPY_FLOAT and FA_BF16_DOT != 0 and B.P.q.store == STORE_BF16
+    # forward's choice for S: fastattn.attention reads q and k the same way); not on
+    # an AMX target, whose Intel cores widen faster (isa/x86_avx512_amx.h)
+    B.bd_s = (typenum == cnp.NPY_FLOAT and FA_BF16_DOT != 0 and FA_AMX == 0 and B.P.q.store == STORE_BF16
               and B.P.k.store == STORE_BF16 and B.P.Dk > 0)
-    B.bd_dp = (typenum == cnp.NPY_FLOAT and FA_BF16_DOT != 0 and B.dout.store == STORE_BF16
+    B.bd_dp = (typenum == cnp.NPY_FLOAT and FA_BF16_DOT != 0 and FA_AMX == 0 and B.dout.store == STORE_BF16
                and B.P.v.store == STORE_BF16 and B.P.Dv > 0)
     if B.want_dbias:
         fill_operand(&B.dbias, dbias, 2, &B.P, hq)

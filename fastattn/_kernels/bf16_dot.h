@@ -27,6 +27,12 @@ static inline fa_vi_f fa_bf16_pair_bcast(const uint16_t *p)
 }
 #endif
 
+#if defined(FA_HAVE_AMX)
+#include "amx_tiles.h"
+#else
+#define FA_AMX 0
+#endif
+
 /* the tails and widths of qvec_kernels.h (FA_QVEC_TAILS, FA_QVEC_BY_WIDTH) */
 #define FA_BD_TAILS(MR, rem, CALL) do {                      \
         if ((MR) > 8 && ((rem) & 8)) { CALL(8); }           \
@@ -117,6 +123,11 @@ static void fa_qvec_qk_chunk_bd(const uint16_t *k, int64_t ksr, const float *q2,
                                 float scale, float *st, int64_t lds, int64_t j0, int64_t j1, float *mx,
                                 int nv, int pf)
 {
+#if FA_AMX
+    /* whole blocks of 16 keys by tiles, the rest below */
+    j0 = fa_amx_qk_chunk(k, ksr, q2, ldq, D, scale, st, lds, j0, j1, mx, nv);
+    if (j0 >= j1) return;
+#endif
 #define FA_QVEC_QK_BD(MR, NV) fa_qvec_qk_nv_bd(k, ksr, q2, ldq, D / 2, scale, st, lds, j0, j1, mx, MR, NV, pf)
     FA_BD_BY_WIDTH(nv, FA_QVEC_QK_BD);
 #undef FA_QVEC_QK_BD
@@ -150,6 +161,10 @@ static void fa_qvec_qk_chunk_bd(const uint16_t *k, int64_t ksr, const float *q2,
 static int fa_pack_value_pairs_bd(const uint16_t *v, int64_t vsr, int64_t vsc, int64_t n, int64_t Dv,
                                   uint32_t *v2, int64_t ld)
 {
+#if FA_AMX
+    /* the transposed tile of fa_amx_pv: the same choice there (Dv) */
+    if (Dv % 16 == 0) return fa_amx_pack_values(v, vsr, vsc, n, Dv, v2);
+#endif
     typedef uint16_t u16v __attribute__((vector_size(FA_VBYTES / 2)));
     typedef uint32_t u32v __attribute__((vector_size(FA_VBYTES)));
     const int64_t WW = FA_VBYTES / 4;
@@ -313,6 +328,15 @@ fa_qvec_pv_nv_bd(const uint32_t *v2, int64_t ld2, int64_t Dv, const float *p2, i
 static void fa_qvec_pv_chunk_bd(const uint32_t *v2, int64_t ld2, int64_t Dv, const float *p2, int64_t lds,
                                 int64_t p0, int64_t p1, float *ot, int64_t ldo, const float *f, int nv)
 {
+#if FA_AMX
+    /* tiles over whole blocks of 16 pairs (rows of P2 outside [p0, p1) in them
+     * are zeroed: the unit calls this once per chunk, not per key run) */
+    if (Dv % 16 == 0) {
+        (void)ld2;
+        fa_amx_pv(v2, Dv, (float *)p2, lds, p0, p1, ot, ldo, f, nv);
+        return;
+    }
+#endif
 #define FA_QVEC_PV_BD(MR, NV) fa_qvec_pv_nv_bd(v2, ld2, Dv, p2, lds, p0, p1, ot, ldo, f, MR, NV)
     FA_BD_BY_WIDTH(nv, FA_QVEC_PV_BD);
 #undef FA_QVEC_PV_BD
@@ -575,6 +599,7 @@ static void fa_qk_rows_bd(const uint16_t *q2, int64_t ldq, int64_t nr, int64_t D
 
 #else
 #define FA_BF16_DOT 0
+#define FA_AMX 0
 #define FA_BD_QKR_MAX 8
 static inline void fa_qk_rows_bd(const uint16_t *q2, int64_t ldq, int64_t nr, int64_t D, const uint16_t *k,
                                  int64_t ksr, int64_t n, float scale, float *s, int64_t lds, int64_t pfo)

@@ -93,6 +93,7 @@ cdef extern from "simd.h" nogil:
                         int64_t D, double *st, int64_t lds, int64_t j0, int64_t j1, double *mx, int nv,
                         int pf)
     int FA_BF16_DOT
+    int FA_AMX
     void fa_qvec_qk_chunk_bd(const uint16_t *k, int64_t ksr, const float *q2, int64_t ldq, int64_t D,
                              float scale, float *st, int64_t lds, int64_t j0, int64_t j1, float *mx,
                              int nv, int pf)

@@ -328,8 +328,9 @@ cdef void qvec_chunk_pv(const Plan *P, Workspace *ws, const QvecUnit *U, const T
         if T.vpairs:
             # P2 pairs p hold keys 2p, 2p + 1 (P 0 where a lane does not see a
             # key).  The runs are cut again over pairs: a run of keys starting
-            # at an odd key would share its first pair with the run before
-            if R.n > 0:
+            # at an odd key would share its first pair with the run before.
+            # AMX tiles take the chunk's whole range at once (fa_amx_pv)
+            if R.n > 0 and FA_AMX == 0:
                 for v in range(U.ch_nv[ch]):
                     PR.va[v] = R.va[v] >> 1
                     PR.ve[v] = (R.ve[v] + 1) >> 1 if R.ve[v] > R.va[v] else R.va[v] >> 1

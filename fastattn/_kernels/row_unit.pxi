@@ -129,8 +129,9 @@ cdef inline bint row_bf16_dot(const Plan *P, const RowUnit *U, floating dummy) n
     place (unit_qk_rows, paged runs too; no key scales; a fused or lockstep unit
     of one row reads them in fa_pv_qk_row1 instead), whole vectors of pairs per
     row.  The products are exact and the scale multiplies the sums, as in the
-    query-vectorised unit's qvec_bf16_dot."""
-    return (floating is float and FA_BF16_DOT != 0 and P.q.store == STORE_BF16 and P.k.store == STORE_BF16
+    query-vectorised unit's qvec_bf16_dot.  Not on an AMX target (FA_AMX: Intel
+    cores, where VDPBF16PS is slower than widening)."""
+    return (floating is float and FA_BF16_DOT != 0 and FA_AMX == 0 and P.q.store == STORE_BF16 and P.k.store == STORE_BF16
             and U.k_in_place and not (U.nr == 1 and (U.fuse or U.lockstep))
             and P.kscale == SCALE_NONE and P.Dk > 0 and P.Dk % (FA_VBYTES // 2) == 0)
 
@@ -144,8 +145,9 @@ cdef inline bint row_bf16_pv(const Plan *P, const RowUnit *U, floating dummy) no
     P is rounded to bfloat16 against the tile's largest per row (ws.pm, kept by
     row_tile_softmax: the largest exactly 1), as the query-vectorised unit
     rounds P against each tile's max; l sums the unrounded P.  A unit of one row
-    (MHA decode, fa_pv_qk_row1) keeps the widened loop."""
-    return (floating is float and FA_BF16_PV != 0 and P.q.store == STORE_BF16 and P.k.store == STORE_BF16
+    (MHA decode, fa_pv_qk_row1) keeps the widened loop.  Not on an AMX target
+    (row_bf16_dot)."""
+    return (floating is float and FA_BF16_PV != 0 and FA_AMX == 0 and P.q.store == STORE_BF16 and P.k.store == STORE_BF16
             and P.v.store == STORE_BF16 and U.few and U.v_in_place and U.nr >= 2 and U.need_pv
             and U.mode != MODE_WEIGHTS
             and P.vscale == SCALE_NONE and P.Dv > 0 and P.Dv % FA_BF16_PACK_COLS == 0)
