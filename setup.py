@@ -52,7 +52,7 @@ VT = _load_variants()
 ARCH, _SET_ARCHFLAGS = VT.target_arch(sysconfig.get_platform(), os.environ.get("ARCHFLAGS", ""), platform.machine())
 if _SET_ARCHFLAGS:
     os.environ["ARCHFLAGS"] = _SET_ARCHFLAGS
-VARIANTS = {v.name: v for v in VT.variants_for(ARCH)}
+VARIANTS = {v.name: v for v in VT.variants_to_build(ARCH, sysconfig.get_platform())}
 _only = [v.strip() for v in os.environ.get("FASTATTN_VARIANTS", "").split(",") if v.strip()]
 if _only:
     _unknown = sorted(set(_only) - set(VARIANTS))

@@ -95,6 +95,18 @@ def variants_for(arch):
     return VARIANTS.get(arch, OTHER) if arch else OTHER
 
 
+# Variants built for Linux targets only: AMX's tile state must be requested from the
+# kernel (arch_prctl), which the CPU-feature module does only on Linux.
+LINUX_ONLY = ("avx512_amx",)
+
+
+def variants_to_build(arch, platform_tag):
+    """The variants setup.py compiles for ``arch`` on ``sysconfig.get_platform()``'s
+    ``platform_tag`` (those of ``LINUX_ONLY`` for ``linux-*`` tags alone), worst first."""
+    linux = platform_tag.strip().lower().startswith("linux")
+    return tuple(v for v in variants_for(arch) if linux or v.name not in LINUX_ONLY)
+
+
 def supported(arch, features, vendor=""):
     """(executable, automatic): the variant names this CPU can run, and those the
     dispatcher may choose by itself (``auto_vendors`` honoured), worst first."""

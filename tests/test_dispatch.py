@@ -74,6 +74,14 @@ def test_universal2_builds_one_architecture():
         _variants.target_arch("macosx-10.9-universal2", "-arch arm64 -arch x86_64", "x86_64")
 
 
+def test_amx_variant_built_for_linux_only():
+    names = lambda tag: [v.name for v in _variants.variants_to_build("x86_64", tag)]
+    assert names("linux-x86_64")[-1] == "avx512_amx"
+    for tag in ("win-amd64", "mingw_x86_64_ucrt", "macosx-11.0-x86_64"):
+        assert "avx512_amx" not in names(tag) and names(tag)[-1] == "avx512_bf16"
+    assert _variants.variants_to_build("aarch64", "linux-aarch64") == _variants.variants_for("aarch64")
+
+
 def test_supported_honours_features_and_vendors():
     x86 = dict.fromkeys(_cpu.FEATURES["x86_64"], True)
     can, auto = _variants.supported("x86_64", x86, "GenuineIntel")

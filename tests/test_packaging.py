@@ -14,6 +14,7 @@ import os
 import platform
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def test_compiled_modules_shipped():
     from fastattn import _variants
 
     arch = _variants.arch_of(platform.machine())
-    names = ["fastattn._kernels._cpu"] + [f"fastattn._kernels._attn_{v.name}" for v in _variants.variants_for(arch)]
+    names = ["fastattn._kernels._cpu"] + [f"fastattn._kernels._attn_{v.name}" for v in _variants.variants_to_build(arch, sysconfig.get_platform())]
     missing = [n for n in names if importlib.util.find_spec(n) is None]
     assert not missing, f"compiled modules missing: {missing}"
     import fastattn._kernels._cpu as cpu   # baseline-compiled: imports on any CPU

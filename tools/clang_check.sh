@@ -17,7 +17,7 @@
 #      accuracy and hypothesis tests, and the OpenMP runtime (threads, fork, interrupt,
 #      stress) under libomp -- all runs, and the skipped files run against the GCC build
 #      in .ci/run step 1 (146 s -> ~85 s); then the correctness files once more on every
-#      other variant this CPU runs (FASTATTN_ISA) but avx512 when the default is avx512_bf16.
+#      other variant this CPU runs (FASTATTN_ISA) but avx512 when the default is avx512_bf16 / _amx.
 #   The modules are built with -g0 (no debug info: a faster compile, same code).
 #
 # Usage: tools/clang_check.sh
@@ -106,11 +106,11 @@ echo "   suite: $((SECONDS - t))s"
 
 VT="${VARIANT_TESTS-tests/test_seed.py tests/test_attention.py tests/test_semantics.py tests/test_storage.py tests/test_backward.py tests/test_varlen.py}"
 if [[ -n "$VT" ]]; then
-    # Not the variant the default one extends by bfloat16 dot products alone (avx512
-    # under avx512_bf16): the same source, every float32 / float64 path the same code,
+    # Not the variant the default one extends by bfloat16 dot products or tiles alone
+    # (avx512 under avx512_bf16 / avx512_amx): the same source, every float32 / float64 path the same code,
     # which the suite above ran under clang (~25 s saved; GCC's build of it runs these
     # files in .ci/run step 2)
-    others=$("$PY" -c "from fastattn import _dispatch as d; print(' '.join(v for v in d.available_variants() if v != d.VARIANT and v + '_bf16' != d.VARIANT))")
+    others=$("$PY" -c "from fastattn import _dispatch as d; print(' '.join(v for v in d.available_variants() if v != d.VARIANT and not (v == 'avx512' and d.VARIANT.startswith('avx512_'))))")
     for isa in $others; do
         echo "== FASTATTN_ISA=$isa (clang build)"
         # shellcheck disable=SC2086
