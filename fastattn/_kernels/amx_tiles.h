@@ -100,6 +100,11 @@ static int64_t fa_amx_qk_chunk(const uint16_t *k, int64_t ksr, const float *q2, 
     fa_amx_begin();
     for (; j + 16 <= j1; j += 16) {
         float *sj = st + j * lds;
+        /* the next block's key rows on their way (a tile load waits for all 16) */
+        if (j + 32 <= j1)
+            for (int r = 0; r < 16; r++)
+                for (int64_t b = 0; b < 2 * D; b += 64)
+                    __builtin_prefetch((const char *)(k + (j + 16 + r) * ksr) + b, 0, 3);
         fa_amx_qk16(k + j * ksr, ksr, q2, ldq, D / 2, sj, lds, nv);
         for (int r = 0; r < 16; r++)
             for (int v = 0; v < nv; v++) {
@@ -115,26 +120,29 @@ static int64_t fa_amx_qk_chunk(const uint16_t *k, int64_t ksr, const float *q2, 
 }
 
 /* 16 x 16 32-bit words transposed in registers: four rounds of VPERMT2D, each
- * swapping the off-diagonal h x h blocks of every 2h x 2h block */
-static inline void fa_amx_transpose16(__m512i r[16])
+ * swapping the off-diagonal h x h blocks of every 2h x 2h block (h = 8, 4, 2,
+ * 1; the index vectors are constants, the loops unrolled) */
+#define FA_AMX_TR_ROUND(H, IL, IH) do {                                         \
+        FA_UNROLL for (int i = 0; i < 16; i++) {                                \
+            if (i & (H)) continue;                                              \
+            const __m512i a_ = r[i], b_ = r[i + (H)];                           \
+            r[i] = _mm512_permutex2var_epi32(a_, IL, b_);                       \
+            r[i + (H)] = _mm512_permutex2var_epi32(a_, IH, b_);                 \
+        }                                                                       \
+    } while (0)
+static inline __attribute__((always_inline)) void fa_amx_transpose16(__m512i r[16])
 {
-    static const int hs[4] = {8, 4, 2, 1};
-    for (int s = 0; s < 4; s++) {
-        const int h = hs[s];
-        int lo[16], hi[16];
-        for (int c = 0; c < 16; c++) {
-            lo[c] = (c & h) ? 16 + c - h : c;
-            hi[c] = (c & h) ? 16 + c : c + h;
-        }
-        const __m512i il = _mm512_loadu_si512(lo), ih = _mm512_loadu_si512(hi);
-        for (int i = 0; i < 16; i++) {
-            if (i & h) continue;
-            const __m512i a = r[i], b = r[i + h];
-            r[i] = _mm512_permutex2var_epi32(a, il, b);
-            r[i + h] = _mm512_permutex2var_epi32(a, ih, b);
-        }
-    }
+    /* lo[c] = c & h ? 16 + c - h : c;  hi[c] = c & h ? 16 + c : c + h  (listed high to low) */
+    FA_AMX_TR_ROUND(8, _mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0),
+                    _mm512_set_epi32(31, 30, 29, 28, 27, 26, 25, 24, 15, 14, 13, 12, 11, 10, 9, 8));
+    FA_AMX_TR_ROUND(4, _mm512_set_epi32(27, 26, 25, 24, 11, 10, 9, 8, 19, 18, 17, 16, 3, 2, 1, 0),
+                    _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 23, 22, 21, 20, 7, 6, 5, 4));
+    FA_AMX_TR_ROUND(2, _mm512_set_epi32(29, 28, 13, 12, 25, 24, 9, 8, 21, 20, 5, 4, 17, 16, 1, 0),
+                    _mm512_set_epi32(31, 30, 15, 14, 27, 26, 11, 10, 23, 22, 7, 6, 19, 18, 3, 2));
+    FA_AMX_TR_ROUND(1, _mm512_set_epi32(30, 14, 28, 12, 26, 10, 24, 8, 22, 6, 20, 4, 18, 2, 16, 0),
+                    _mm512_set_epi32(31, 15, 29, 13, 27, 11, 25, 9, 23, 7, 21, 5, 19, 3, 17, 1));
 }
+#undef FA_AMX_TR_ROUND
 
 /* The value tile for fa_amx_pv from n (<= 2 FA_AMX_VT_LD) bfloat16 rows at v
  * (rows vsr, elements vsc apart), Dv a multiple of 16: row c of vt (FA_AMX_VT_LD
