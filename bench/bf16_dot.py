@@ -3,7 +3,8 @@
     python bench/bf16_dot.py [--threads 2] [--rounds 5]
 
 Loads two kernel variants of this build in one process -- the dot-product one
-(avx512_bf16 / neon_bf16) and the one below it (avx512 / neon) -- and times, in
+(avx512_amx's tiles where the CPU has AMX, else avx512_bf16 / neon_bf16) and
+the one below it (avx512 / neon) -- and times, in
 alternating rounds, the float32 prefill and the bfloat16 prefill on each
 (B1 H8 L1024 D64, plain and causal; best of 7 calls per round, median of the
 rounds).  The ratio says whether the dot products earn their variant on this
@@ -21,7 +22,7 @@ import fastattn._api as api
 from fastattn import _dispatch
 from fastattn._kernels import _cpu
 
-PAIRS = (("avx512_bf16", "avx512"), ("neon_bf16", "neon"))
+PAIRS = (("avx512_amx", "avx512"), ("avx512_bf16", "avx512"), ("neon_bf16", "neon"))
 
 
 def best_of(f, n=7):

@@ -2,7 +2,7 @@
 
 setup.py compiles one kernel source once per variant of the target architecture
 (the table in ``fastattn/_variants.py``: ``baseline``, ``avx2``, ``avx512``,
-``avx512_bf16`` on x86-64; ``baseline``, ``neon``, ``neon_bf16`` on aarch64).  At
+``avx512_bf16``, ``avx512_amx`` (Linux) on x86-64; ``baseline``, ``neon``, ``neon_bf16`` on aarch64).  At
 import we load the best one the CPU can execute (a variant with ``auto_vendors`` only
 on those vendors' CPUs); ``FASTATTN_ISA=<name>`` forces one (an error if this CPU or
 this build lacks it), which is how the test suite checks every variant on one machine.
