@@ -230,7 +230,8 @@ def _measure_ceilings(args, path, read_bytes, i, n):
     elif r.get("fma_gflops"):
         reads = ", ".join(f"{int(k) / 2**20:.1f} MiB {v:.1f}" for k, v in r.get("read_ceiling_gbs", {}).items())
         log(f"  {r['variant']}: FMA peak {r['fma_gflops']:.0f} GFLOP/s (float64 {r['fma_f64_gflops']:.0f}"
-            + (f", bfloat16 dots {r['bf16_dot_gflops']:.0f}" if r.get("bf16_dot_gflops") else "")
+            + (f", bfloat16 {'tiles' if r.get('bf16_tiles') else 'dots'} {r['bf16_dot_gflops']:.0f}"
+               if r.get("bf16_dot_gflops") else "")
             + f"); read GB/s: {reads or '(no memory-bound case)'}")
     return r
 def _scaling_pairs(case, args, path):
@@ -297,6 +298,7 @@ def best_ceilings(readings):
     ceil = {k: max((r[k] for r in readings if r.get(k)), default=None)
             for k in ("matmul_gflops", "read_gbs", "fma_gflops", "fma_f64_gflops", "bf16_dot_gflops")}
     ceil["read_ceiling_gbs"] = {n: max(v) for n, v in _read_ceiling_readings(readings).items()}
+    ceil["bf16_tiles"] = any(r.get("bf16_tiles") for r in readings)
     return ceil
 
 
@@ -313,7 +315,7 @@ def case_read_ceiling(best, fastattn_runs):
 
 def compute_peak(case, ceil):
     """The GFLOP/s ceiling of a case: the float64 FMA peak for float64, the faster of
-    the float32 FMA and the bfloat16 pair-dot peak where q and k are bfloat16 (each
+    the float32 FMA and the bfloat16 peak (pair dots, or AMX tiles) where q and k are bfloat16 (each
     flop runs on one or the other: the faster bounds both), else the float32 FMA peak."""
     if case["dtype"] == "float64":
         return ceil.get("fma_f64_gflops")
@@ -414,7 +416,8 @@ def print_report(results, ceil, rows, out=None):
     p(f"- ceilings, best of {len(results['ceilings'])} readings spread over the run, {results['threads']} "
       f"thread(s), fastattn's compiled loops ({variant or 'not measured'}): FMA peak "
       f"{_fmt(ceil['fma_gflops'], '.0f')} GFLOP/s float32, {_fmt(ceil['fma_f64_gflops'], '.0f')} float64"
-      + (f", {ceil['bf16_dot_gflops']:.0f} bfloat16 pair dots" if ceil.get("bf16_dot_gflops") else "")
+      + (f", {ceil['bf16_dot_gflops']:.0f} bfloat16 {'AMX tiles' if ceil.get('bf16_tiles') else 'pair dots'}"
+         if ceil.get("bf16_dot_gflops") else "")
       + "; read " + (", ".join(f"{n / 2**20:.1f} MiB {g:.1f} GB/s" for n, g in sorted(ceil["read_ceiling_gbs"].items()))
                      or "—"))
     p(f"- NumPy beside them: float32 matmul 2048³ {_fmt(ceil['matmul_gflops'], '.0f')} GFLOP/s, "

@@ -519,6 +519,7 @@ def ceilings_main(threads, min_time, read_bytes, np):
     res["fma_gflops"] = kernels.fma_peak(threads, min_time=t)
     res["fma_f64_gflops"] = kernels.fma_peak(threads, dtype="float64", min_time=t)
     res["bf16_dot_gflops"] = kernels.fma_peak(threads, dtype="bfloat16", min_time=t)
+    res["bf16_tiles"] = bool(kernels.ceiling_info().get("bf16_tiles"))     # AMX: the peak is the tiles'
     res["read_ceiling_gbs"] = {str(n): read_ceiling(kernels, n, threads, min_time)
                                for n in sorted(set(int(n) for n in read_bytes))}
     return res

@@ -147,3 +147,15 @@ def test_torch_tiles_unaffected(rng):
     assert torch.equal(before, after)
     assert torch.equal(mm, tq[0, 0] @ tk[0, 0].T)
     assert np.array_equal(ours.view(np.uint16), fastattn.attention(qb, kb, vb).view(np.uint16))
+
+
+def test_bfloat16_peak_is_the_tiles():
+    """compare.py reads bfloat16 cases against fma_peak(dtype="bfloat16"): on this
+    variant that is a loop of tiles (a pair-dot loop would put the tile kernels
+    above 100 % of their ceiling)."""
+    k = _dispatch.kernels
+    assert k.ceiling_info()["bf16_tiles"] and k.ceiling_info()["bf16_dot"]
+    d = k.fma_peak(1, dtype="bfloat16", min_time=0.02, details=True)
+    assert list(d["chains"]) == [4]
+    # 16 x 16 x 32 products per TDPBF16PS against 16 per float32 FMA
+    assert d["gflops"] > 4 * k.fma_peak(1, min_time=0.02)

@@ -9,7 +9,8 @@
  *   registers, no memory traffic -- the float32 (or float64) multiply-add peak
  *   of this vector width;
  * - where the target has bfloat16 pair dot products (FA_HAVE_BF16_DOT:
- *   VDPBF16PS, BFDOT), the same loop of them: 2 multiply-adds per 32-bit lane.
+ *   VDPBF16PS, BFDOT), the same loop of them: 2 multiply-adds per 32-bit lane;
+ *   where it has AMX tiles, a loop of TDPBF16PS on four C tiles.
  *
  * bench/compare.py reads the kernels' GB/s and GFLOP/s against these.  Names
  * no instruction set: the vector types and primitives come from the target
@@ -140,8 +141,8 @@ FA_CEIL_FMA(double, _d, 8)
 FA_CEIL_FMA(double, _d, 12)
 FA_CEIL_FMA(double, _d, 16)
 
-/* kind: 0 float32 FMA, 1 float64 FMA, 2 bfloat16 pair dot products (0.0 when
- * the target has none); chains 8, 12 or 16 */
+/* kind: 0 float32 FMA, 1 float64 FMA, 2 bfloat16 pair dot products, 3 AMX
+ * tiles (0.0 when the target has none); chains 8, 12 or 16 (not for tiles) */
 #if defined(FA_HAVE_BF16_DOT)
 #define FA_CEIL_BF16_DOT(NC)                                                                \
 static double fa_ceil_bf16_dot_c##NC(int64_t iters, int threads)                            \
@@ -170,6 +171,51 @@ FA_CEIL_BF16_DOT(16)
 #define FA_CEIL_HAVE_BF16_DOT 0
 #endif
 
+/* AMX targets (FA_HAVE_AMX): TDPBF16PS on tiles in registers -- four independent
+ * 16 x 16 float32 C tiles += A (16 x 32 bfloat16) . B, A and B loaded once per
+ * thread: 4 * 16 * 16 * 32 multiply-adds per iteration.  The bfloat16 peak of
+ * such a target (the tiles are its fastest bfloat16 products). */
+#if defined(FA_HAVE_AMX)
+#define FA_CEIL_HAVE_AMX 1
+#define FA_CEIL_AMX_MACS_PER_ITER (4 * 16 * 16 * 32)
+static double fa_ceil_amx_tiles(int64_t iters, int threads)
+{
+    double total = 0.0;
+    FA_CEIL_PARALLEL(threads)
+    {
+        /* A: bfloat16 pairs (1/64, 1/64), B: (1, 1): each step adds 1/2 to every C element */
+        uint32_t a[256], b[256];
+        float c[256];
+        volatile uint32_t as = 0x3C803C80u, bs = 0x3F803F80u;
+        for (int i = 0; i < 256; i++) {
+            a[i] = as;
+            b[i] = bs;
+        }
+        fa_amx_begin();
+        _tile_loadd(4, a, 64);
+        _tile_loadd(5, b, 64);
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t i = 0; i < iters; i++) {
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_dpbf16ps(1, 4, 5);
+            _tile_dpbf16ps(2, 4, 5);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+        _tile_stored(0, c, 64);
+        fa_amx_end();
+        total += (double)c[0];
+    }
+    (void)threads;
+    return total;
+}
+#else
+#define FA_CEIL_HAVE_AMX 0
+#define FA_CEIL_AMX_MACS_PER_ITER 0
+#endif
+
 static double fa_ceil_peak(int kind, int chains, int64_t iters, int threads)
 {
 #define FA_CEIL_BY_CHAINS(fn) (chains == 8 ? fn##_c8(iters, threads) : chains == 12 ? fn##_c12(iters, threads) \
@@ -179,6 +225,9 @@ static double fa_ceil_peak(int kind, int chains, int64_t iters, int threads)
     case 1: return FA_CEIL_BY_CHAINS(fa_ceil_fma_d);
 #if defined(FA_HAVE_BF16_DOT)
     case 2: return FA_CEIL_BY_CHAINS(fa_ceil_bf16_dot);
+#endif
+#if defined(FA_HAVE_AMX)
+    case 3: return fa_ceil_amx_tiles(iters, threads);
 #endif
     default: return 0.0;
     }

@@ -10,6 +10,8 @@ cdef extern from "ceilings.h" nogil:
     double fa_ceil_peak(int kind, int chains, int64_t iters, int threads)
     enum:
         FA_CEIL_HAVE_BF16_DOT
+        FA_CEIL_HAVE_AMX
+        FA_CEIL_AMX_MACS_PER_ITER
         FA_PF_BYTES
         FA_WF
         FA_WD
@@ -98,8 +100,10 @@ def fma_peak(threads=None, *, dtype="float32", min_time=0.05, details=False):
     Each thread runs 8, 12 and 16 independent chains ``acc = acc * x + y`` in
     vector registers (one FMA instruction each where the variant has FMA), no
     memory traffic; 2 flops per lane per step.  ``dtype`` "float32" or
-    "float64"; "bfloat16": the bfloat16 pair dot products of variants that
-    have them (4 flops per 32-bit lane per instruction), ``None`` elsewhere.
+    "float64"; "bfloat16": the bfloat16 products of variants that have them --
+    AMX tiles where the variant has them (four independent C tiles of
+    TDPBF16PS, 32768 flops each), else pair dot products (4 flops per 32-bit
+    lane per instruction) -- ``None`` elsewhere.
     The best chain count, timed for about ``min_time`` seconds each, is the
     peak.  With ``details=True`` a dict of GFLOP/s per chain count as well.
     """
@@ -110,15 +114,17 @@ def fma_peak(threads=None, *, dtype="float32", min_time=0.05, details=False):
     cdef int kind = _PEAK_KINDS[dtype]
     if kind == 2 and not FA_CEIL_HAVE_BF16_DOT:
         return None
+    if kind == 2 and FA_CEIL_HAVE_AMX:
+        kind = 3
     cdef int lanes = FA_WD if kind == 1 else FA_WF
     cdef int flops_per_lane = 4 if kind == 2 else 2
     cdef int chains
-    cdef int64_t iters = 1 << 16
+    cdef int64_t iters = 1 << 16 if kind != 3 else 1 << 10
     cdef double sink = 0.0
     per_chains = {}
     with nogil:
         sink += fa_ceil_peak(kind, 8, iters, nt)               # warm: threads, clocks
-    for chains in PEAK_CHAINS:
+    for chains in (PEAK_CHAINS if kind != 3 else (4,)):
         best = float("inf")
         spent = 0.0
         timings = 0
@@ -134,7 +140,10 @@ def fma_peak(threads=None, *, dtype="float32", min_time=0.05, details=False):
                 iters *= 2
                 best = float("inf")
                 timings = 0
-        per_chains[chains] = nt * iters * chains * lanes * flops_per_lane / best / 1e9
+        if kind == 3:       # 4 C tiles: chains counts them
+            per_chains[chains] = nt * iters * 2.0 * FA_CEIL_AMX_MACS_PER_ITER / best / 1e9
+        else:
+            per_chains[chains] = nt * iters * chains * lanes * flops_per_lane / best / 1e9
     if sink != sink:
         raise RuntimeError("fma_peak: NaN sum")
     peak = max(per_chains.values())
@@ -144,4 +153,5 @@ def fma_peak(threads=None, *, dtype="float32", min_time=0.05, details=False):
 def ceiling_info():
     """What the ceilings of this variant run on: vector lanes, read configurations."""
     return {"float32_lanes": FA_WF, "float64_lanes": FA_WD, "read_configs": READ_CONFIGS,
-            "peak_chains": PEAK_CHAINS, "bf16_dot": bool(FA_CEIL_HAVE_BF16_DOT)}
+            "peak_chains": PEAK_CHAINS, "bf16_dot": bool(FA_CEIL_HAVE_BF16_DOT),
+            "bf16_tiles": bool(FA_CEIL_HAVE_AMX)}
