@@ -7,7 +7,8 @@
  * (FA_AMX in row_unit.pxi and backward.pxi).  Included once by simd.h. */
 #include "x86_avx512_bf16.h"
 
-#if !defined(__AMX_TILE__) || !defined(__AMX_BF16__)
+/* GCC spells the macros __AMX_TILE__ / __AMX_BF16__, clang __AMXTILE__ / __AMXBF16__ */
+#if !(defined(__AMX_TILE__) || defined(__AMXTILE__)) || !(defined(__AMX_BF16__) || defined(__AMXBF16__))
 #  error "isa/x86_avx512_amx.h needs -mamx-tile -mamx-bf16"
 #endif
 #undef FA_TARGET
