@@ -18,9 +18,12 @@
  *   B = 16 rows of P2 (the probabilities' bfloat16 pairs the softmax writes in
  *   place of St), C = the tile's sums, added to Ot times f as fa_qvec_pv_micro_bd.
  *
- * A tile configuration is loaded at the start of each call and released at its
- * end (TILERELEASE), so no other library's tile state is assumed or left
- * behind.  Linux grants a process the tile state only on request
+ * A tile configuration is loaded by the first tile kernel a query unit calls
+ * (fa_amx_use) and released when the unit ends (fa_amx_unit_end: TILERELEASE,
+ * run_qvec_unit), so no other library's tile state is assumed or left behind
+ * between units; within a unit only these kernels run on the thread.  Loading
+ * and releasing cost ~250 cycles, once per unit instead of twice per chunk.
+ * Linux grants a process the tile state only on request
  * (arch_prctl(ARCH_REQ_XCOMP_PERM)): the CPU-feature module asks before the
  * dispatcher may choose this target (fastattn/_kernels/_cpu.pyx). */
 
@@ -49,6 +52,26 @@ static inline void fa_amx_begin(void)
 }
 
 static inline void fa_amx_end(void) { _tile_release(); }
+
+/* whether this thread's tiles hold fa_amx_begin's configuration (set by
+ * fa_amx_use, cleared by fa_amx_unit_end) */
+static __thread int fa_amx_live;
+
+static inline void fa_amx_use(void)
+{
+    if (!fa_amx_live) {
+        fa_amx_begin();
+        fa_amx_live = 1;
+    }
+}
+
+static inline void fa_amx_unit_end(void)
+{
+    if (fa_amx_live) {
+        fa_amx_end();
+        fa_amx_live = 0;
+    }
+}
 
 /* St rows [0, 16) for nv (<= 4) vectors of lanes: C tiles 0-3, A tile 4 (keys),
  * B tiles 5 and 6 (query pairs) */
@@ -84,6 +107,28 @@ static inline void fa_amx_qk16(const uint16_t *k, int64_t ksr, const float *q2, 
     if (nv > 3) _tile_stored(3, st + 3 * FA_WF, sc);
 }
 
+/* 16 rows of St after the tiles: scaled (unless scale is 1) and their max
+ * per lane into m; the 16 key rows at pk (or NULL) prefetched on the way */
+static inline __attribute__((always_inline)) void
+fa_amx_qk_post(float *sj, int64_t lds, float scale, fa_v_f m[4], int nv, const uint16_t *pk, int64_t ksr,
+               int64_t D)
+{
+    const fa_v_f s = fa_set1_f(scale);
+    for (int r = 0; r < 16; r++) {
+        if (pk)
+            for (int64_t b = 0; b < 2 * D; b += 64)
+                __builtin_prefetch((const char *)(pk + r * ksr) + b, 0, 3);
+        for (int v = 0; v < nv; v++) {
+            fa_v_f x = fa_load_f(sj + r * lds + v * FA_WF);
+            if (scale != 1.0f) {
+                x = x * s;
+                fa_store_f(sj + r * lds + v * FA_WF, x);
+            }
+            m[v] = fa_vmax_f(x, m[v]);
+        }
+    }
+}
+
 /* The full blocks of 16 key rows of [j0, j1) (fa_qvec_qk_chunk_bd's
  * arguments): scaled scores into St and, with mx, the max per lane.  Returns
  * where the rows it left begin (j0 when it did nothing). */
@@ -92,28 +137,26 @@ static int64_t fa_amx_qk_chunk(const uint16_t *k, int64_t ksr, const float *q2, 
 {
     if (D % 32 != 0 || D <= 0 || j1 - j0 < 16 || nv > 4)
         return j0;
-    const fa_v_f s = fa_set1_f(scale);
     fa_v_f m[4];
     for (int v = 0; v < nv; v++)
         m[v] = mx ? fa_load_f(mx + v * FA_WF) : fa_set1_f(-INFINITY);
     int64_t j = j0;
-    fa_amx_begin();
+    fa_amx_use();
+    /* software-pipelined: block j's tiles are stored, then block j - 16 (stored
+     * one block earlier: its tile stores have left the store buffer) is
+     * scaled and its max taken, while the tiles of block j are still on their
+     * way; the key rows of block j + 32 are prefetched in that pass (a tile
+     * load waits for all 16 rows) */
+    for (int r = 0; r < 16 && j + 32 <= j1; r++)
+        for (int64_t b = 0; b < 2 * D; b += 64)
+            __builtin_prefetch((const char *)(k + (j + 16 + r) * ksr) + b, 0, 3);
     for (; j + 16 <= j1; j += 16) {
-        float *sj = st + j * lds;
-        /* the next block's key rows on their way (a tile load waits for all 16) */
-        if (j + 32 <= j1)
-            for (int r = 0; r < 16; r++)
-                for (int64_t b = 0; b < 2 * D; b += 64)
-                    __builtin_prefetch((const char *)(k + (j + 16 + r) * ksr) + b, 0, 3);
-        fa_amx_qk16(k + j * ksr, ksr, q2, ldq, D / 2, sj, lds, nv);
-        for (int r = 0; r < 16; r++)
-            for (int v = 0; v < nv; v++) {
-                const fa_v_f x = fa_load_f(sj + r * lds + v * FA_WF) * s;
-                fa_store_f(sj + r * lds + v * FA_WF, x);
-                m[v] = fa_vmax_f(x, m[v]);
-            }
+        fa_amx_qk16(k + j * ksr, ksr, q2, ldq, D / 2, st + j * lds, lds, nv);
+        if (j > j0)
+            fa_amx_qk_post(st + (j - 16) * lds, lds, scale, m, nv, j + 48 <= j1 ? k + (j + 32) * ksr : NULL,
+                           ksr, D);
     }
-    fa_amx_end();
+    fa_amx_qk_post(st + (j - 16) * lds, lds, scale, m, nv, NULL, ksr, D);
     if (mx)
         for (int v = 0; v < nv; v++) fa_store_f(mx + v * FA_WF, m[v]);
     return j;
@@ -203,7 +246,7 @@ static void fa_amx_pv(const uint32_t *vt, int64_t Dv, float *p2, int64_t lds, in
         if (p >= pb) break;
         for (int v = 0; v < nv; v++) fa_store_f(p2 + p * lds + v * FA_WF, fa_set1_f(0));
     }
-    fa_amx_begin();
+    fa_amx_use();
     for (int v = 0; v < nv; v++) {
         const fa_v_f fv = fa_load_f(f + v * FA_WF);
         for (int64_t c0 = 0; c0 < Dv; c0 += 64) {
@@ -241,5 +284,4 @@ static void fa_amx_pv(const uint32_t *vt, int64_t Dv, float *p2, int64_t lds, in
                 }
         }
     }
-    fa_amx_end();
 }

@@ -31,6 +31,7 @@ static inline fa_vi_f fa_bf16_pair_bcast(const uint16_t *p)
 #include "amx_tiles.h"
 #else
 #define FA_AMX 0
+static inline void fa_amx_unit_end(void) {}
 #endif
 
 /* the tails and widths of qvec_kernels.h (FA_QVEC_TAILS, FA_QVEC_BY_WIDTH) */
@@ -204,10 +205,13 @@ static int fa_pack_value_pairs_bd(const uint16_t *v, int64_t vsr, int64_t vsc, i
  * is written to f (which may be mx: each vector's max is read before its f is
  * written), and P2 rows [j0 / 2, (j1 + 1) / 2) are written in place of St,
  * probabilities of keys outside [j0, j1) 0.  A lane that sees no key in the
- * tile (mt = -inf) gets P = 0 and f = 0; NaN propagates through P and l. */
+ * tile (mt = -inf) gets P = 0 and f = 0; NaN propagates through P and l.
+ * sc: the scale St still needs (1, or the score scale where the AMX tiles left
+ * St and mx unscaled: P = exp(sc * s - mt) by one multiply-add, mt = sc * mx,
+ * the max of the scaled scores since rounding is monotonic). */
 static inline __attribute__((always_inline)) void
 fa_qvec_softmax_nv_bd(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, float *l, float *ot,
-                      int64_t ldo, int64_t Dv, const float *mx, float *f, const int nv)
+                      int64_t ldo, int64_t Dv, const float *mx, float sc, float *f, const int nv)
 {
     const fa_v_f ninf = fa_set1_f(-INFINITY), zero = fa_set1_f(0);
     fa_v_f alpha[FA_QVEC_NV];
@@ -216,7 +220,7 @@ fa_qvec_softmax_nv_bd(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, 
     FA_UNROLL for (int v = 0; v < nv; v++) {
         fa_v_f mt0 = ninf, mt1 = ninf;
         if (mx) {
-            mt0 = fa_load_f(mx + v * FA_WF);
+            mt0 = fa_load_f(mx + v * FA_WF) * sc;
         } else {
             int64_t j = j0;
             for (; j + 2 <= j1; j += 2) {
@@ -240,20 +244,20 @@ fa_qvec_softmax_nv_bd(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, 
         float *col = st + v * FA_WF;
         int64_t p = p0;
         if (j0 & 1) {           /* key j0 - 1 is not in the range: P 0 */
-            const fa_v_f e1 = fa_vexp_p_f(fa_load_f(col + j0 * lds) - mt_safe);
+            const fa_v_f e1 = fa_vexp_p_f(fa_load_f(col + j0 * lds) * sc - mt_safe);
             s1 += e1;
             fa_store_f(col + p * lds, (fa_v_f)fa_bf16_round_pair(zero, e1));
             p++;
         }
         for (; 2 * p + 2 <= j1; p++) {
-            const fa_v_f e0 = fa_vexp_p_f(fa_load_f(col + 2 * p * lds) - mt_safe);
-            const fa_v_f e1 = fa_vexp_p_f(fa_load_f(col + (2 * p + 1) * lds) - mt_safe);
+            const fa_v_f e0 = fa_vexp_p_f(fa_load_f(col + 2 * p * lds) * sc - mt_safe);
+            const fa_v_f e1 = fa_vexp_p_f(fa_load_f(col + (2 * p + 1) * lds) * sc - mt_safe);
             s0 += e0;
             s1 += e1;
             fa_store_f(col + p * lds, (fa_v_f)fa_bf16_round_pair(e0, e1));
         }
         if (p < p1) {           /* j1 odd: key j1 is not in the range */
-            const fa_v_f e0 = fa_vexp_p_f(fa_load_f(col + 2 * p * lds) - mt_safe);
+            const fa_v_f e0 = fa_vexp_p_f(fa_load_f(col + 2 * p * lds) * sc - mt_safe);
             s0 += e0;
             fa_store_f(col + p * lds, (fa_v_f)fa_bf16_round_pair(e0, zero));
         }
@@ -270,9 +274,10 @@ fa_qvec_softmax_nv_bd(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, 
 }
 
 static void fa_qvec_softmax_chunk_bd(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, float *l,
-                                     float *ot, int64_t ldo, int64_t Dv, const float *mx, float *f, int nv)
+                                     float *ot, int64_t ldo, int64_t Dv, const float *mx, float sc, float *f,
+                                     int nv)
 {
-#define FA_QVEC_SOFTMAX_BD(MR, NV) fa_qvec_softmax_nv_bd(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, f, NV)
+#define FA_QVEC_SOFTMAX_BD(MR, NV) fa_qvec_softmax_nv_bd(st, lds, j0, j1, m, l, ot, ldo, Dv, mx, sc, f, NV)
     FA_BD_BY_WIDTH(nv, FA_QVEC_SOFTMAX_BD);
 #undef FA_QVEC_SOFTMAX_BD
 }
@@ -600,6 +605,7 @@ static void fa_qk_rows_bd(const uint16_t *q2, int64_t ldq, int64_t nr, int64_t D
 #else
 #define FA_BF16_DOT 0
 #define FA_AMX 0
+static inline void fa_amx_unit_end(void) {}
 #define FA_BD_QKR_MAX 8
 static inline void fa_qk_rows_bd(const uint16_t *q2, int64_t ldq, int64_t nr, int64_t D, const uint16_t *k,
                                  int64_t ksr, int64_t n, float scale, float *s, int64_t lds, int64_t pfo)
@@ -692,10 +698,11 @@ static inline int fa_pack_value_pairs_bd(const uint16_t *v, int64_t vsr, int64_t
     return 1;
 }
 static inline void fa_qvec_softmax_chunk_bd(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, float *l,
-                                            float *ot, int64_t ldo, int64_t Dv, const float *mx, float *f, int nv)
+                                            float *ot, int64_t ldo, int64_t Dv, const float *mx, float sc,
+                                            float *f, int nv)
 {
     (void)st; (void)lds; (void)j0; (void)j1; (void)m; (void)l; (void)ot; (void)ldo; (void)Dv; (void)mx;
-    (void)f; (void)nv;
+    (void)sc; (void)f; (void)nv;
 }
 static inline void fa_qvec_pv_chunk_bd(const uint32_t *v2, int64_t ld2, int64_t Dv, const float *p2,
                                        int64_t lds, int64_t p0, int64_t p1, float *ot, int64_t ldo,

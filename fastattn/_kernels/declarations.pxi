@@ -94,6 +94,7 @@ cdef extern from "simd.h" nogil:
                         int pf)
     int FA_BF16_DOT
     int FA_AMX
+    void fa_amx_unit_end()
     void fa_qvec_qk_chunk_bd(const uint16_t *k, int64_t ksr, const float *q2, int64_t ldq, int64_t D,
                              float scale, float *st, int64_t lds, int64_t j0, int64_t j1, float *mx,
                              int nv, int pf)
@@ -112,7 +113,8 @@ cdef extern from "simd.h" nogil:
     int fa_pack_value_pairs_bd(const uint16_t *v, int64_t vsr, int64_t vsc, int64_t n, int64_t Dv,
                                uint32_t *v2, int64_t ld)
     void fa_qvec_softmax_chunk_bd(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, float *l,
-                                  float *ot, int64_t ldo, int64_t Dv, const float *mx, float *f, int nv)
+                                  float *ot, int64_t ldo, int64_t Dv, const float *mx, float sc, float *f,
+                                  int nv)
     void fa_qvec_pv_chunk_bd(const uint32_t *v2, int64_t ld2, int64_t Dv, const float *p2, int64_t lds,
                              int64_t p0, int64_t p1, float *ot, int64_t ldo, const float *f, int nv)
     int FA_BF16_PACK_COLS

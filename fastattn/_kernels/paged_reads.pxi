@@ -184,13 +184,16 @@ cdef inline int paged_tile_kind(const Plan *P, int64_t t0, int64_t t1) noexcept 
     return TILE_COPY
 
 cdef inline void tile_qk_chunk(const Plan *P, const TileSource *T, const floating *qt, int64_t ldq, floating *st,
-                               int64_t lds, int64_t j0, int64_t j1, floating *mx, int nv, int pf) noexcept nogil:
+                               int64_t lds, int64_t j0, int64_t j1, floating *mx, int nv, int pf,
+                               double scale) noexcept nogil:
     """qvec_qk_chunk over keys [j0, j1) of tile T: one call, or one per run of
-    paged slots (a score depends on its key alone: the same bits)."""
+    paged slots (a score depends on its key alone: the same bits).  scale: what
+    the bfloat16 pair products multiply by (P.scale, or 1 where the softmax
+    applies it: qvec_amx_softmax_pv)."""
     cdef int64_t j, x
     if floating is float:
         if T.kstore == STORE_BF16:      # bfloat16 pair dot products (qvec_bf16_dot)
-            fa_qvec_qk_chunk_bd(<const uint16_t *>T.k, T.ksr, qt, ldq, P.Dk, <float>P.scale, st, lds, j0, j1,
+            fa_qvec_qk_chunk_bd(<const uint16_t *>T.k, T.ksr, qt, ldq, P.Dk, <float>scale, st, lds, j0, j1,
                                 mx, nv, pf)
             return
     if not T.kpaged:

@@ -245,10 +245,11 @@ cdef void qvec_weights_begin(const Plan *P, Workspace *ws, const QvecUnit *U, fl
 
 cdef void qvec_chunk_scores(const Plan *P, Workspace *ws, const QvecUnit *U, const TileSource *T, KeyRuns *R,
                             int64_t ch, int64_t t0, int64_t j0, int64_t j1, int masked,
-                            floating *mx) noexcept nogil:
+                            floating *mx, double scale) noexcept nogil:
     """St[j0:j1] of chunk ch for the tile at t0: one block, or (a masked tile of a
     chunk wider than a vector) only the key runs each group of vectors sees, the
-    rest -inf.  mx (or NULL): the tile max per lane, taken from the registers."""
+    rest -inf.  mx (or NULL): the tile max per lane, taken from the registers.
+    scale: tile_qk_chunk's."""
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef int64_t ld = ws.ld
     cdef int64_t c0 = U.ch_c0[ch], i, j
@@ -264,7 +265,7 @@ cdef void qvec_chunk_scores(const Plan *P, Workspace *ws, const QvecUnit *U, con
         if R.n == 1 and R.w[0] == nv:
             R.n = 0         # every vector sees every key: one block
     if R.n == 0:
-        tile_qk_chunk(P, T, qt + c0, ld, st + c0, ld, j0, j1, mx, nv, ch == 0)
+        tile_qk_chunk(P, T, qt + c0, ld, st + c0, ld, j0, j1, mx, nv, ch == 0, scale)
         return
     for ri in range(R.n):
         rv0 = R.v[ri]
@@ -272,7 +273,7 @@ cdef void qvec_chunk_scores(const Plan *P, Workspace *ws, const QvecUnit *U, con
         while rw0 > 0:
             nw = qvec_chunk_width(rw0)
             tile_qk_chunk(P, T, qt + c0 + rv0 * W, ld, st + c0 + rv0 * W, ld, R.s[ri], R.e[ri],
-                          <floating *>NULL, nw, ch == 0)
+                          <floating *>NULL, nw, ch == 0, scale)
             rv0 += nw
             rw0 -= nw
     # the scores a vector does not see: -inf (the mask pass would set them;
@@ -461,6 +462,30 @@ cdef inline void qvec_tile_values(const Plan *P, Workspace *ws, const QvecUnit *
     T.vstore = native
 
 
+cdef void qvec_amx_softmax_pv(const Plan *P, Workspace *ws, const TileSource *T, int64_t c0,
+                              int64_t j0, int64_t j1, float *mx, float sc, int nv) noexcept nogil:
+    """The softmax and P.V of a chunk on AMX tiles (FA_AMX), one vector of lanes
+    at a time, software-pipelined: the P.V tiles of vector v run after the
+    softmax of vector v + 1, so the tile loads of v's probabilities find their
+    stores committed (a tile load of rows just stored waits for the store
+    buffer to drain).  Per lane the same operations as the chunk-wide calls.
+    sc: the scale St still needs (fa_qvec_softmax_chunk_bd)."""
+    cdef int64_t W = FA_VBYTES // sizeof(float), ld = ws.ld, o
+    cdef float *st = <float *>ws.st
+    cdef float *f = <float *>ws.mxt
+    cdef int v
+    for v in range(nv + 1):
+        if v < nv:
+            o = c0 + v * W
+            fa_qvec_softmax_chunk_bd(st + o, ld, j0, j1, (<float *>ws.mt) + o, (<float *>ws.lt) + o,
+                                     (<float *>ws.ot) + o, ld, P.Dv, mx + v * W if mx != NULL else mx, sc,
+                                     f + v * W, 1)
+        if v > 0:
+            o = c0 + (v - 1) * W
+            fa_qvec_pv_chunk_bd(<const uint32_t *>T.v, T.vsr, P.Dv, st + o, ld, j0 >> 1, (j1 + 1) >> 1,
+                                (<float *>ws.ot) + o, ld, f + (v - 1) * W, 1)
+
+
 cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_t t0, int64_t t1,
                          floating dummy) noexcept nogil:
     """Tile [t0, t1) for every chunk: scores, options, masks, then the online
@@ -468,7 +493,7 @@ cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef int64_t ld = ws.ld
     cdef int64_t ch, j0, j1, c0, cw, i
-    cdef int nv, masked
+    cdef int nv, masked, raw
     cdef floating *st = <floating *>ws.st
     cdef floating *mx
     cdef KeyRuns R
@@ -490,7 +515,12 @@ cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_
             mx = <floating *>ws.mxt
             for i in range(cw):
                 mx[i] = -INFINITY
-        qvec_chunk_scores(P, ws, U, &T, &R, ch, t0, j0, j1, masked, mx)
+        # on AMX tiles the scores of the bfloat16 softmax stay unscaled when
+        # nothing but the softmax reads them (mx: no options, no mask): the
+        # softmax's multiply-add applies the scale (qvec_amx_softmax_pv)
+        raw = (FA_AMX != 0 and floating is float and T.vpairs and T.kstore == STORE_BF16 and U.need_pv
+               and nv > 1 and mx != NULL)
+        qvec_chunk_scores(P, ws, U, &T, &R, ch, t0, j0, j1, masked, mx, 1.0 if raw else P.scale)
         if U.needs_options:
             apply_score_options_qvec(P, ws, st + c0, ld, j0, j1, t0, c0,
                                      min(cw, U.nr - c0), cw, U.b, U.r0, U.mbo, U.bbo)
@@ -503,9 +533,12 @@ cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_
             # P against the tile's max, in bfloat16 pairs in place of St; the
             # factors exp(mt - m) go to mxt (read there as mx first)
             if floating is float:
+                if FA_AMX != 0 and U.need_pv and nv > 1:
+                    qvec_amx_softmax_pv(P, ws, &T, c0, j0, j1, <float *>mx, <float>P.scale if raw else 1, nv)
+                    continue
                 fa_qvec_softmax_chunk_bd(<float *>(st + c0), ld, j0, j1, (<float *>ws.mt) + c0,
                                          (<float *>ws.lt) + c0, (<float *>ws.ot) + c0, ld, P.Dv, <const float *>mx,
-                                         <float *>ws.mxt, nv)
+                                         1, <float *>ws.mxt, nv)
         else:
             qvec_softmax_chunk(st + c0, ld, j0, j1, (<floating *>ws.mt) + c0, (<floating *>ws.lt) + c0,
                                (<floating *>ws.ot) + c0, ld, P.Dv if U.need_pv else 0, mx, nv)
@@ -647,4 +680,6 @@ cdef void run_qvec_unit(const Plan *P, Workspace *ws, int64_t b, int64_t r0, int
         t1 = min(t0 + BLOCK_K, U.hi_all)
         qvec_unit_tile(P, ws, &U, t0, t1, <floating>0)
         t0 = t1
+    # the tile state the bfloat16 kernels configured, released (amx_tiles.h)
+    fa_amx_unit_end()
     qvec_unit_finish(P, ws, &U, stats, part_o, part_m, part_l)
