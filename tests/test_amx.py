@@ -8,7 +8,8 @@ use in the same threads (no tile state assumed or left behind).
 
 The scores are exact bfloat16 products summed in float32 (lse to float32
 rounding); P.V rounds P to bfloat16 against each tile's max, as avx512_bf16
-does (fa_testutil.within_bf16_p_rounding).  Runs where the dispatcher chose
+does (fa_testutil.within_bf16_p_rounding; the exp of those probabilities has a
+relative error of 2.9e-6, far inside that rounding).  Runs where the dispatcher chose
 avx512_amx (an AMX CPU under Linux, or FASTATTN_ISA=avx512_amx); elsewhere the
 file is skipped with that reason, and the same inputs run on the other variants
 in test_bf16_products.py and test_storage.py."""
@@ -67,6 +68,20 @@ def test_window_lengths_and_sinks(rng):
     check(q, k, v, kv_lengths=np.array([[333, 17], [0, 200]]).repeat(2, axis=1))
     check(q, k, v, sinks=rng.standard_normal(4).astype(np.float32))
     check(q, k, v, softcap=5.0, causal=True)
+
+
+@pytest.mark.parametrize("scale", [None, 0.3, 1.0, 2.5])
+@pytest.mark.parametrize("lk", [64, 77, 300])
+def test_unscaled_tile_scores(scale, lk, rng):
+    """Where only the softmax reads the scores (no option, no mask), the tiles
+    leave them unscaled and the softmax applies the scale in one multiply-add
+    with the max scaled once; the rows past the last block of 16 (the pair dot
+    products) must agree.  Large logits (scale 2.5 on scores of ~+-30) put the
+    whole weight on a few keys, where the max's own probability must be 1."""
+    q = (3 * rng.standard_normal((1, 2, 70, 64))).astype(BF16)
+    k, v = (rng.standard_normal((1, 2, lk, 64)).astype(BF16) for _ in range(2))
+    check(q, k, v, scale=scale)
+    check(q, k, v, scale=scale, causal=True)
 
 
 @pytest.mark.parametrize("dk, dv", [(80, 80), (96, 40), (62, 64), (64, 24)])
