@@ -338,13 +338,14 @@ FA_SSFX(fa_qk_rows_r)(const FA_T *qp, int64_t ldq, const int R, int nrow, int64_
     const int G = FA_QK_PAIRS / R;
     const int64_t pfr = FA_SSFX(fa_pf_rows_s)(D);
     /* float32 / float64 keys streamed where wide rows go without L1 hints
-     * (fa_pf_wide off: AMD): each group's keys read key by key, with L2 hints.
+     * (fa_pf_wide off: AMD; a paged cache's short runs everywhere: fa_pf_hinted_po_s):
+     * each group's keys read key by key, with L2 hints.
      * On a Zen 4 the group order (G rows a key row apart, a 64-byte line of
      * each in turn) kept the hardware prefetchers from streaming:
      * GQA decode Hq32 Hkv8 Lk8192 D128: one thread 6.6-7.3 -> 4.1-4.2 ms, two 3.2-3.5 -> 2.3-2.4
      * (docs/performance.rst, "GQA decode: keys in order") */
 #ifdef FA_S_NATIVE
-    const int keymajor = stream && !FA_SSFX(fa_pf_hinted_s)();
+    const int keymajor = stream && !FA_SSFX(fa_pf_hinted_po_s)(pfo);
 #else
     const int keymajor = 0;
 #endif
@@ -564,7 +565,7 @@ FA_SSFX(fa_pv_rows_l)(const FA_T *p, int64_t ldp, int64_t nr, const FA_S *vv, in
      * into L1 where the storage type's rows are hinted, else (float32 / float64
      * on AMD) into L2, FA_PF_L2_BYTES ahead; the rows of fa_pf_l2_few_s into
      * L2 where l2n (a constant: fa_pf_l2) */
-    const int l2 = FA_SSFX(fa_pf_hinted_s)() ? l2n : 1;
+    const int l2 = FA_SSFX(fa_pf_hinted_po_s)(pfo) ? l2n : 1;
     const int64_t pf = pfo != FA_PF_AUTO ? pfo
                      : l2 ? FA_SSFX(fa_pf_l2_rows_s)(nvec * FA_W) : FA_SSFX(fa_pf_rows_s)(nvec * FA_W);
     int64_t i0 = 0;

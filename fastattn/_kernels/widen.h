@@ -230,6 +230,19 @@ static inline int FA_SSFX(fa_pf_hinted_s)(void)
     return sizeof(FA_S) < 4 || fa_pf_wide;
 }
 
+/* ... and for the few-rows loops given a prefetch offset pfo: where it is not
+ * FA_PF_AUTO (a paged cache's short runs, each row requesting its counterpart
+ * in the next block: next_run_rows, paged_reads.pxi), float32 / float64 rows
+ * are read as where fa_pf_wide is off -- a group's keys key by key, hints into
+ * L2 -- on every CPU.  On a 2-vCPU Xeon 6 (AMX) the paged float32 decode S8
+ * Hq32 Hkv8 ctx 4096 in blocks of 16 took 14.4 ms with those hints into L1
+ * (its contiguous twin 10.6 ms); AMD had this already (docs/performance.rst,
+ * "Intel Xeon 6 with AMX, stop 62"). */
+static inline int FA_SSFX(fa_pf_hinted_po_s)(int64_t pfo)
+{
+    return sizeof(FA_S) < 4 || (fa_pf_wide && pfo == FA_PF_AUTO);
+}
+
 /* may the few-rows loops (fa_qk_rows' blocks, fa_pv_rows) put this storage
  * type's hints into L2 (where fa_pf_l2)?  The 2-byte types and int8: GQA decode
  * Hq32 Hkv8 Lk8192 D128, Zen 4, 2 threads, paired: bfloat16 1.16-1.43x,
