@@ -107,8 +107,18 @@ static inline void fa_amx_qk16(const uint16_t *k, int64_t ksr, const float *q2, 
     if (nv > 3) _tile_stored(3, st + 3 * FA_WF, sc);
 }
 
+/* the 16 key rows of D bfloat16 at pk, ksr apart, requested (a tile load
+ * waits for all 16) */
+static inline __attribute__((always_inline)) void fa_amx_prefetch16(const uint16_t *pk, int64_t ksr, int64_t D)
+{
+    for (int r = 0; r < 16; r++)
+        for (int64_t b = 0; b < 2 * D; b += 64)
+            __builtin_prefetch((const char *)(pk + r * ksr) + b, 0, 3);
+}
+
 /* 16 rows of St after the tiles: scaled (unless scale is 1) and their max
- * per lane into m; the 16 key rows at pk (or NULL) prefetched on the way */
+ * per lane into m; row r of the 16 key rows at pk (or NULL) requested on the
+ * way (fa_amx_prefetch16, spread over the pass) */
 static inline __attribute__((always_inline)) void
 fa_amx_qk_post(float *sj, int64_t lds, float scale, fa_v_f m[4], int nv, const uint16_t *pk, int64_t ksr,
                int64_t D)
@@ -145,11 +155,9 @@ static int64_t fa_amx_qk_chunk(const uint16_t *k, int64_t ksr, const float *q2, 
     /* software-pipelined: block j's tiles are stored, then block j - 16 (stored
      * one block earlier: its tile stores have left the store buffer) is
      * scaled and its max taken, while the tiles of block j are still on their
-     * way; the key rows of block j + 32 are prefetched in that pass (a tile
-     * load waits for all 16 rows) */
-    for (int r = 0; r < 16 && j + 32 <= j1; r++)
-        for (int64_t b = 0; b < 2 * D; b += 64)
-            __builtin_prefetch((const char *)(k + (j + 16 + r) * ksr) + b, 0, 3);
+     * way; the key rows of block j + 32 are requested in that pass */
+    if (j + 32 <= j1)
+        fa_amx_prefetch16(k + (j + 16) * ksr, ksr, D);
     for (; j + 16 <= j1; j += 16) {
         fa_amx_qk16(k + j * ksr, ksr, q2, ldq, D / 2, st + j * lds, lds, nv);
         if (j > j0)

@@ -199,31 +199,6 @@ static int fa_pack_value_pairs_bd(const uint16_t *v, int64_t vsr, int64_t vsc, i
     return nf != 0;
 }
 
-/* exp(x) for the probabilities this softmax rounds to bfloat16 pairs:
- * fa_vexp_p_f's range reduction, cut below -44 and exact 0 (vec_exp.h), with a
- * degree-4 polynomial instead of degree 6 -- relative error 2.9e-6 instead of
- * 2.0e-9, p(0) = 1 exactly (minimax for the relative error over |r| <= ln2/2).
- * Each P is rounded to 8 significant bits (2^-9 = 2.0e-3) right after, and
- * the row sum adds the same function's values, so the weights P / l move by
- * at most ~6e-6 of themselves: far below the rounding of P, two fewer FMAs
- * per probability (the softmax is the largest part of a tiled prefill).  The
- * factors exp(mt - m) keep fa_vexp_p_f. */
-static inline __attribute__((always_inline)) fa_v_f fa_vexp_p4_f(fa_v_f x)
-{
-    const float sc = 0x1p64f, b = 63.0f, magic = 12582912.0f;   /* FA_P_SCALE, FA_P_BIAS, FA_MAGIC */
-    const fa_v_f xc = fa_vmax_f(fa_set1_f(-44.0f), x);          /* FA_P_ZERO; NaN passes */
-    const fa_v_f t = xc * 1.44269504088896341f + (magic + b);
-    const fa_v_f n = t - (magic + b);
-    fa_v_f r = xc - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    fa_v_f p = fa_set1_f(4.1513602482723524e-2f * sc);
-    p = p * r + 1.6787438486282272e-1f * sc;
-    p = p * r + 5.000301417141942e-1f * sc;
-    p = p * r + 9.999668562438684e-1f * sc;
-    p = p * r + 1.0f * sc;
-    return p * (fa_v_f)((fa_vi_f)t << 23);
-}
-
 /* The online softmax of fa_qvec_softmax_nv for one chunk over rows [j0, j1) of
  * St, with P against each tile's max (above): m moves to the tile max as in
  * fa_qvec_softmax_nv (lazily; Ot and l rescaled by exp(m_old - m_new)), f[lane] = exp(mt - m)
@@ -233,7 +208,10 @@ static inline __attribute__((always_inline)) fa_v_f fa_vexp_p4_f(fa_v_f x)
  * tile (mt = -inf) gets P = 0 and f = 0; NaN propagates through P and l.
  * sc: the scale St still needs (1, or the score scale where the AMX tiles left
  * St and mx unscaled: P = exp(sc * s - mt) by one multiply-add, mt = sc * mx,
- * the max of the scaled scores since rounding is monotonic). */
+ * the max of the scaled scores since rounding is monotonic).  P's exp is
+ * fa_vexp_p4_f (degree 4: P is rounded to bfloat16 right after, and the row sum
+ * adds the same function's values, so the weights P / l move by at most ~6e-6
+ * of themselves); the factors exp(mt - m) keep fa_vexp_p_f. */
 static inline __attribute__((always_inline)) void
 fa_qvec_softmax_nv_bd(float *st, int64_t lds, int64_t j0, int64_t j1, float *m, float *l, float *ot,
                       int64_t ldo, int64_t Dv, const float *mx, float sc, float *f, const int nv)

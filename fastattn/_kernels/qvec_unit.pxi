@@ -493,7 +493,7 @@ cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_
     cdef int64_t W = FA_VBYTES // sizeof(floating)
     cdef int64_t ld = ws.ld
     cdef int64_t ch, j0, j1, c0, cw, i
-    cdef int nv, masked, raw
+    cdef int nv, masked, amx, raw
     cdef floating *st = <floating *>ws.st
     cdef floating *mx
     cdef KeyRuns R
@@ -515,11 +515,11 @@ cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_
             mx = <floating *>ws.mxt
             for i in range(cw):
                 mx[i] = -INFINITY
-        # on AMX tiles the scores of the bfloat16 softmax stay unscaled when
-        # nothing but the softmax reads them (mx: no options, no mask): the
-        # softmax's multiply-add applies the scale (qvec_amx_softmax_pv)
-        raw = (FA_AMX != 0 and floating is float and T.vpairs and T.kstore == STORE_BF16 and U.need_pv
-               and nv > 1 and mx != NULL)
+        # amx: the softmax and P.V of this chunk by qvec_amx_softmax_pv; raw:
+        # its scores left unscaled, as nothing but that softmax reads them (mx:
+        # no options, no mask) and its multiply-add applies the scale
+        amx = FA_AMX != 0 and floating is float and T.vpairs and U.need_pv and nv > 1
+        raw = amx and T.kstore == STORE_BF16 and mx != NULL
         qvec_chunk_scores(P, ws, U, &T, &R, ch, t0, j0, j1, masked, mx, 1.0 if raw else P.scale)
         if U.needs_options:
             apply_score_options_qvec(P, ws, st + c0, ld, j0, j1, t0, c0,
@@ -533,7 +533,7 @@ cdef void qvec_unit_tile(const Plan *P, Workspace *ws, const QvecUnit *U, int64_
             # P against the tile's max, in bfloat16 pairs in place of St; the
             # factors exp(mt - m) go to mxt (read there as mx first)
             if floating is float:
-                if FA_AMX != 0 and U.need_pv and nv > 1:
+                if amx:
                     qvec_amx_softmax_pv(P, ws, &T, c0, j0, j1, <float *>mx, <float>P.scale if raw else 1, nv)
                     continue
                 fa_qvec_softmax_chunk_bd(<float *>(st + c0), ld, j0, j1, (<float *>ws.mt) + c0,

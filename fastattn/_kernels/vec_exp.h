@@ -17,9 +17,14 @@
  * n + b then stands for 2^(n + b - FA_EXP_BIAS), and the polynomial's
  * coefficients carry the missing factor sc = 2^(FA_EXP_BIAS - b) (a power of
  * two: every Horner step is the unscaled one times sc, rounded alike, so the
- * result has the same bits wherever it is a normal number). */
-static inline __attribute__((always_inline)) FA_V FA_SFX(fa_exp_core_b)(FA_V xc, const FA_T b, const FA_T sc)
+ * result has the same bits wherever it is a normal number).
+ * low (a constant; float only): a degree-4 polynomial instead (relative error
+ * 2.9e-6, minimax for the relative error with p(0) = 1), for probabilities
+ * rounded to bfloat16 right after (fa_vexp_p4). */
+static inline __attribute__((always_inline)) FA_V FA_SFX(fa_exp_core_b)(FA_V xc, const FA_T b, const FA_T sc,
+                                                                          const int low)
 {
+    (void)low;                  /* float only */
     const FA_V t = xc * (FA_T)1.44269504088896341 + (FA_MAGIC + b);
     const FA_V n = t - (FA_MAGIC + b);
 #ifdef FA_DOUBLE
@@ -40,6 +45,14 @@ static inline __attribute__((always_inline)) FA_V FA_SFX(fa_exp_core_b)(FA_V xc,
 #else
     FA_V r = xc - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
+    if (low) {
+        FA_V p = FA_SFX(fa_set1)((FA_T)(4.1513602482723524e-2f) * sc);
+        p = p * r + (FA_T)(1.6787438486282272e-1f) * sc;
+        p = p * r + (FA_T)(5.000301417141942e-1f) * sc;
+        p = p * r + (FA_T)(9.999668562438684e-1f) * sc;
+        p = p * r + (FA_T)(1.0f) * sc;
+        return p * (FA_V)((FA_VI)t << FA_MANT_BITS);
+    }
     FA_V p = FA_SFX(fa_set1)((FA_T)(1.384346530388662598e-3f) * sc);
     p = p * r + (FA_T)(8.374316813622095255e-3f) * sc;
     p = p * r + (FA_T)(4.166801284456309566e-2f) * sc;
@@ -53,7 +66,7 @@ static inline __attribute__((always_inline)) FA_V FA_SFX(fa_exp_core_b)(FA_V xc,
 
 static inline FA_V FA_SFX(fa_exp_core)(FA_V xc)
 {
-    return FA_SFX(fa_exp_core_b)(xc, FA_EXP_BIAS, 1);
+    return FA_SFX(fa_exp_core_b)(xc, FA_EXP_BIAS, 1, 0);
 }
 
 /* exp(x) lane-wise: 0 below FA_EXP_LO (-inf included), +inf above FA_EXP_HI,
@@ -97,7 +110,16 @@ static inline FA_V FA_SFX(fa_vexp_nonpos)(FA_V x)
 static inline FA_V FA_SFX(fa_vexp_p)(FA_V x)
 {
     /* fa_vexp_nonpos's one max, with the exact 0 moved up to n = -FA_P_BIAS */
-    return FA_SFX(fa_exp_core_b)(FA_SFX(fa_vmax)(FA_SFX(fa_set1)(FA_P_ZERO), x), FA_P_BIAS, FA_P_SCALE);
+    return FA_SFX(fa_exp_core_b)(FA_SFX(fa_vmax)(FA_SFX(fa_set1)(FA_P_ZERO), x), FA_P_BIAS, FA_P_SCALE, 0);
+}
+
+/* fa_vexp_p with fa_exp_core_b's degree-4 polynomial in float (double: the
+ * same as fa_vexp_p): for the probabilities the bfloat16 softmax rounds to
+ * bfloat16 pairs right after (bf16_dot.h), where 2.9e-6 is far below that
+ * rounding (2^-9). */
+static inline FA_V FA_SFX(fa_vexp_p4)(FA_V x)
+{
+    return FA_SFX(fa_exp_core_b)(FA_SFX(fa_vmax)(FA_SFX(fa_set1)(FA_P_ZERO), x), FA_P_BIAS, FA_P_SCALE, 1);
 }
 
 /* The same for one argument (the row-major path's rescale factor exp(m_old -
