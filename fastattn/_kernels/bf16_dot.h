@@ -14,6 +14,12 @@
  * float body.  Without the instructions: FA_BF16_DOT is 0 and the entry points
  * are empty (the units never call them). */
 
+#if !(defined(FA_HAVE_BF16_DOT) && defined(FA_HAVE_AMX))
+/* no tiles (amx_tiles.h): FA_AMX is 0 and the units' end-of-unit hook a no-op */
+#define FA_AMX 0
+static inline void fa_amx_unit_end(void) {}
+#endif
+
 #if defined(FA_HAVE_BF16_DOT)
 #define FA_BF16_DOT 1
 
@@ -29,9 +35,6 @@ static inline fa_vi_f fa_bf16_pair_bcast(const uint16_t *p)
 
 #if defined(FA_HAVE_AMX)
 #include "amx_tiles.h"
-#else
-#define FA_AMX 0
-static inline void fa_amx_unit_end(void) {}
 #endif
 
 /* the tails and widths of qvec_kernels.h (FA_QVEC_TAILS, FA_QVEC_BY_WIDTH) */
@@ -607,8 +610,6 @@ static void fa_qk_rows_bd(const uint16_t *q2, int64_t ldq, int64_t nr, int64_t D
 
 #else
 #define FA_BF16_DOT 0
-#define FA_AMX 0
-static inline void fa_amx_unit_end(void) {}
 #define FA_BD_QKR_MAX 8
 static inline void fa_qk_rows_bd(const uint16_t *q2, int64_t ldq, int64_t nr, int64_t D, const uint16_t *k,
                                  int64_t ksr, int64_t n, float scale, float *s, int64_t lds, int64_t pfo)
